@@ -1,0 +1,144 @@
+"""Benchmark: loading PDB files with protgpu vs mdtraj and Biopython.
+
+Times ``protgpu.io.load``, ``mdtraj.load_pdb`` and ``Bio.PDB.PDBParser(QUIET=True).get_structure`` on
+the same files (the shipped ``datasets/adk_open.pdb``, plus ``../shared/datasets`` files when that
+folder exists). Each loader is warmed up, then the three are run in turn, ``--repeat`` rounds, so that
+machine noise hits them alike; the median of the rounds is reported. Prints a table with the speed-up
+of protgpu over each anchor and writes JSON (date, git commit, machine, numbers) to
+``benchmarks/results/io-<hostname>.json`` or ``--json PATH``.
+
+Usage::
+
+    python benchmarks/bench_io.py [--repeat 50] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SHARED = REPO.parent / "shared" / "datasets"
+FILES = [
+    REPO / "datasets" / "adk_open.pdb",
+    SHARED / "openstructure" / "7W1F_B_target.pdb",
+    SHARED / "openstructure" / "T1118v1.pdb",
+    SHARED / "openstructure" / "1eud_ref.pdb",
+    SHARED / "mdtraj" / "2EQQ.pdb",
+    SHARED / "mdtraj" / "1vii.pdb",
+]
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _loaders():
+    import mdtraj
+    from Bio.PDB import PDBParser
+
+    from protgpu.io import load
+
+    return {
+        "protgpu": lambda p: load(p),
+        "mdtraj": lambda p: mdtraj.load_pdb(p),
+        "biopython": lambda p: PDBParser(QUIET=True).get_structure("s", p),
+    }
+
+
+def bench_file(path: Path, loaders: dict, repeat: int, warmup: int = 3) -> dict:
+    times = {k: [] for k in loaders}
+    for fn in loaders.values():
+        for _ in range(warmup):
+            fn(str(path))
+    for _ in range(repeat):
+        for name, fn in loaders.items():
+            t0 = time.perf_counter()
+            fn(str(path))
+            times[name].append(time.perf_counter() - t0)
+    from protgpu.io import load
+
+    s = load(path)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    low = {k: min(v) * 1e3 for k, v in times.items()}
+    return {
+        "file": str(path.relative_to(REPO.parent)) if path.is_relative_to(REPO.parent) else str(path),
+        "atoms": s.n_atoms,
+        "residues": s.n_residues,
+        "frames": s.n_frames,
+        "median_ms": med,
+        "min_ms": low,
+        "speedup_vs_mdtraj": med["mdtraj"] / med["protgpu"],
+        "speedup_vs_biopython": med["biopython"] / med["protgpu"],
+        # best-case ratios: less sensitive to other processes on a shared machine
+        "speedup_vs_mdtraj_min": low["mdtraj"] / low["protgpu"],
+        "speedup_vs_biopython_min": low["biopython"] / low["protgpu"],
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=30, help="timed rounds per file (default 30)")
+    ap.add_argument("--json", type=Path, default=None, help="output JSON path")
+    args = ap.parse_args(argv)
+
+    # mdtraj warns about dummy CRYST1 records on every call; the timings do not need to hear it.
+    warnings.simplefilter("ignore")
+    loaders = _loaders()
+    files = [f for f in FILES if f.is_file()]
+    rows = [bench_file(f, loaders, args.repeat) for f in files]
+
+    print(f"{'file':44s} {'atoms':>6s} {'fr':>3s} {'protgpu ms':>10s} {'mdtraj ms':>10s} {'Bio ms':>8s} "
+          f"{'x mdtraj':>9s} {'x Bio':>7s}")
+    for r in rows:
+        m = r["median_ms"]
+        print(f"{r['file'][-44:]:44s} {r['atoms']:6d} {r['frames']:3d} {m['protgpu']:10.3f} {m['mdtraj']:10.2f} "
+              f"{m['biopython']:8.2f} {r['speedup_vs_mdtraj']:9.1f} {r['speedup_vs_biopython']:7.1f}")
+
+    import Bio
+    import mdtraj
+    import numpy
+
+    result = {
+        "benchmark": "io",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": _git_commit(),
+        "machine": {
+            "hostname": socket.gethostname(),
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "versions": {"numpy": numpy.__version__, "mdtraj": mdtraj.__version__, "biopython": Bio.__version__},
+        "repeat": args.repeat,
+        "statistic": "median of interleaved rounds after warm-up, milliseconds",
+        "results": rows,
+    }
+    out = args.json or REPO / "benchmarks" / "results" / f"io-{socket.gethostname()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

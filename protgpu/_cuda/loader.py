@@ -1,0 +1,354 @@
+"""Load ``kernels/*.cu``, compile them with NVRTC (cuda.core) to cubin, cache on disk, launch.
+
+A kernel source is a ``.cu`` file with plain ``extern "C" __global__`` entry points, one per dtype.
+The loader prepends compile-time knobs as ``#define`` lines and inlines ``common.cuh`` as text, so the
+cache key (which covers the source text, the options with the arch, and the NVRTC version) covers the
+header too. Compiled modules are memoised per (device, file, defines); launches go on CuPy's current
+stream, with every argument checked against the entry point's C signature, parsed from the source.
+
+Compiling needs only NVRTC, not a GPU: :func:`compile_cubin` with an explicit ``arch`` works on a
+machine without a driver, which is how CI checks every kernel (``protgpu kernels --check``).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import KernelCompileError
+
+COMMON_HEADER = "common.cuh"
+_INCLUDE_COMMON = re.compile(r'^\s*#\s*include\s+"common\.cuh"\s*$', re.MULTILINE)
+_ENTRY = re.compile(r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\([^)]*\)\s+)?void\s+(\w+)\s*\(([^)]*)\)')
+
+# C parameter types the entry points may use, and the NumPy dtype each stands for.
+_C_TYPES = {
+    "float": np.float32,
+    "double": np.float64,
+    "int": np.int32,
+    "int32_t": np.int32,
+    "unsigned": np.uint32,
+    "unsigned int": np.uint32,
+    "uint32_t": np.uint32,
+    "long long": np.int64,
+    "int64_t": np.int64,
+    "unsigned long long": np.uint64,
+    "uint64_t": np.uint64,
+    "unsigned char": np.uint8,
+    "uint8_t": np.uint8,
+    "char": np.int8,
+    "signed char": np.int8,
+    "int8_t": np.int8,
+    "bool": np.bool_,
+    "__half": np.float16,
+    "half": np.float16,
+    "__nv_bfloat16": None,  # no NumPy dtype: any 2-byte array is accepted
+    "void": None,
+}
+
+
+def kernel_dir() -> Path:
+    """The folder holding the ``.cu`` sources: ``protgpu/kernels`` in an installed wheel, else the
+    repository's top-level ``kernels/``."""
+    here = Path(__file__).resolve().parent.parent
+    for cand in (here / "kernels", here.parent / "kernels"):
+        if (cand / COMMON_HEADER).is_file():
+            return cand
+    raise KernelCompileError(f"kernel sources not found next to {here} (looked for kernels/{COMMON_HEADER})")
+
+
+def kernel_files() -> list[str]:
+    """Names (stems) of every kernel source, e.g. ``["distances", ...]``."""
+    return sorted(p.stem for p in kernel_dir().glob("*.cu"))
+
+
+@cache
+def _read(path: str) -> str:
+    return Path(path).read_text()
+
+
+def read_source(name: str) -> str:
+    """The raw text of ``kernels/<name>.cu``."""
+    path = kernel_dir() / f"{name}.cu"
+    if not path.is_file():
+        raise KernelCompileError(f"no kernel source {path.name} in {path.parent} (have: {kernel_files()})")
+    return _read(str(path))
+
+
+def build_source(name: str, defines: dict | None = None) -> str:
+    """The text NVRTC compiles: ``#define`` lines, then the source with ``common.cuh`` inlined."""
+    header = _read(str(kernel_dir() / COMMON_HEADER))
+    body = _INCLUDE_COMMON.sub(lambda _m: header, read_source(name))
+    lines = [f"#define {k} {v}" for k, v in sorted((defines or {}).items())]
+    return "\n".join([*lines, f"// ---- {name}.cu", body])
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a kernel entry point."""
+
+    name: str
+    ctype: str
+    pointer: bool
+    dtype: object  # NumPy dtype class, or None for void* / types without a NumPy twin
+
+
+def _parse_param(text: str) -> Param:
+    t = re.sub(r"\b(const|__restrict__|restrict|volatile)\b", " ", text)
+    pointer = "*" in t
+    t = t.replace("*", " ")
+    words = t.split()
+    if len(words) < 2:
+        raise KernelCompileError(f"cannot parse kernel parameter {text.strip()!r}")
+    name, ctype = words[-1], " ".join(words[:-1])
+    if ctype not in _C_TYPES:
+        raise KernelCompileError(f"kernel parameter {text.strip()!r}: unsupported C type {ctype!r}")
+    return Param(name=name, ctype=ctype, pointer=pointer, dtype=_C_TYPES[ctype])
+
+
+@cache
+def entry_points(name: str) -> dict[str, tuple[Param, ...]]:
+    """Every ``extern "C" __global__`` entry point of ``kernels/<name>.cu`` with its parameters."""
+    out = {}
+    for m in _ENTRY.finditer(read_source(name)):
+        params = tuple(_parse_param(p) for p in m.group(2).split(",") if p.strip())
+        out[m.group(1)] = params
+    if not out:
+        raise KernelCompileError(f"{name}.cu declares no extern \"C\" __global__ entry point")
+    return out
+
+
+def _program_options(arch: str):
+    from cuda.core import ProgramOptions
+
+    return ProgramOptions(arch=arch, std="c++17", name="protgpu", fma=True)
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """The NVRTC version that compiles the kernels."""
+    from cuda.bindings import nvrtc
+
+    _err, major, minor = nvrtc.nvrtcVersion()
+    return int(major), int(minor)
+
+
+_cache_lock = threading.Lock()
+_cache_obj = None
+
+
+def program_cache():
+    """The process's :class:`ChecksummedProgramCache` (created on first use)."""
+    global _cache_obj
+    with _cache_lock:
+        if _cache_obj is None:
+            from .cache import ChecksummedProgramCache
+
+            _cache_obj = ChecksummedProgramCache()
+        return _cache_obj
+
+
+def compile_cubin(name: str, arch: str, defines: dict | None = None, *, cache=True):
+    """Compile ``kernels/<name>.cu`` for ``arch`` (e.g. ``"sm_90"``) to a cubin :class:`ObjectCode`.
+
+    Parameters
+    ----------
+    name : str
+        Kernel source stem.
+    arch : str
+        ``"sm_XY"``. Needs no GPU.
+    defines : dict, optional
+        Compile-time knobs, prepended as ``#define KEY VALUE``.
+    cache : bool or ProgramCacheResource
+        ``True`` uses the disk cache, ``False`` compiles fresh, or a cache object to use.
+
+    Raises
+    ------
+    KernelCompileError
+        With NVRTC's log, when compilation fails or yields an empty binary.
+    """
+    from cuda.core import Program
+
+    src = build_source(name, defines)
+    prog = Program(src, code_type="c++", options=_program_options(arch))
+    if cache is True:
+        cache = program_cache()
+    elif cache is False:
+        cache = None
+    try:
+        # (an empty cache is falsy: it has __len__, so compare with None)
+        obj = prog.compile("cubin", cache=cache) if cache is not None else prog.compile("cubin")
+    except Exception as exc:  # NVRTC reports errors as a generic exception carrying the log
+        raise KernelCompileError(f"NVRTC failed on {name}.cu for {arch}: {exc}") from exc
+    if not bytes(obj.code):
+        raise KernelCompileError(f"NVRTC produced an empty cubin for {name}.cu ({arch})")
+    return obj
+
+
+def check_all(archs=("sm_80", "sm_90")) -> list[dict]:
+    """Compile every kernel source for every arch (no cache, no GPU needed) and check that each entry
+    point is in the binary. Returns one record per (file, arch); raises on the first failure."""
+    records = []
+    for name in kernel_files():
+        entries = entry_points(name)
+        for arch in archs:
+            t0 = time.perf_counter()
+            obj = compile_cubin(name, arch, cache=False)
+            code = bytes(obj.code)
+            missing = [e for e in entries if e.encode() not in code]
+            if missing:
+                raise KernelCompileError(f"{name}.cu ({arch}): entry points missing from the cubin: {missing}")
+            records.append(
+                {"kernel": name, "arch": arch, "entries": len(entries), "bytes": len(code),
+                 "seconds": time.perf_counter() - t0}
+            )
+    return records
+
+
+# --------------------------------------------------------------------------------------------------
+# On the GPU
+
+
+def _device():
+    import cupy
+    from cuda.core import Device
+
+    dev = Device(cupy.cuda.runtime.getDevice())
+    dev.set_current()
+    return dev
+
+
+def device_arch(dev=None) -> str:
+    """``"sm_XY"`` of the current device."""
+    dev = dev or _device()
+    cc = dev.compute_capability
+    return f"sm_{cc.major}{cc.minor}"
+
+
+@dataclass(frozen=True)
+class KernelHandle:
+    """A loaded entry point plus its parsed signature."""
+
+    kernel: object
+    name: str
+    params: tuple[Param, ...]
+
+
+_modules: dict = {}
+_modules_lock = threading.Lock()
+
+
+def get_kernel(name: str, entry: str, defines: dict | None = None) -> KernelHandle:
+    """The entry point ``entry`` of ``kernels/<name>.cu``, compiled for the current device (memoised)."""
+    params = entry_points(name).get(entry)
+    if params is None:
+        raise KernelCompileError(f"{name}.cu has no entry point {entry!r} (has {sorted(entry_points(name))})")
+    dev = _device()
+    key = (dev.device_id, name, tuple(sorted((defines or {}).items())))
+    with _modules_lock:
+        obj = _modules.get(key)
+        if obj is None:
+            obj = compile_cubin(name, device_arch(dev), defines)
+            _modules[key] = obj
+    return KernelHandle(kernel=obj.get_kernel(entry), name=f"{name}.{entry}", params=params)
+
+
+_streams: dict = {}
+
+
+def _core_stream(cupy_stream):
+    # cuda.core wraps a foreign stream through its __cuda_stream__ protocol; keep one wrapper per
+    # CuPy stream (and the CuPy stream itself alive) rather than building one per launch.
+    key = cupy_stream.ptr
+    hit = _streams.get(key)
+    if hit is None or hit[0] is not cupy_stream:
+        hit = (cupy_stream, _device().create_stream(cupy_stream))
+        _streams[key] = hit
+    return hit[1]
+
+
+def _convert_arg(handle: KernelHandle, p: Param, value):
+    if p.pointer:
+        if value is None:
+            return 0
+        import cupy
+
+        if not isinstance(value, cupy.ndarray):
+            raise TypeError(f"{handle.name}: argument {p.name} ({p.ctype}*) needs a CuPy array, "
+                            f"got {type(value).__name__}")
+        if p.dtype is not None and value.dtype != np.dtype(p.dtype):
+            raise TypeError(f"{handle.name}: argument {p.name} is {p.ctype}*, array dtype is {value.dtype}")
+        if p.dtype is None and p.ctype != "void" and value.dtype.itemsize != 2:
+            raise TypeError(f"{handle.name}: argument {p.name} ({p.ctype}*) needs a 2-byte dtype")
+        if not value.flags.c_contiguous:
+            raise TypeError(f"{handle.name}: argument {p.name} must be C-contiguous")
+        return value.data.ptr
+    if p.dtype is None:
+        raise TypeError(f"{handle.name}: cannot pass a scalar of C type {p.ctype}")
+    if isinstance(value, np.generic) and value.dtype == np.dtype(p.dtype):
+        return value
+    # Python scalars are checked for range and kind, then cast: a bare Python int would be taken by
+    # the launcher as a pointer.
+    dt = np.dtype(p.dtype)
+    if dt.kind in "iu":
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+            raise TypeError(f"{handle.name}: argument {p.name} ({p.ctype}) needs an integer, got {value!r}")
+        info = np.iinfo(dt)
+        if not info.min <= int(value) <= info.max:
+            raise OverflowError(f"{handle.name}: argument {p.name}={value} does not fit in {p.ctype}")
+    elif dt.kind == "f" and not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{handle.name}: argument {p.name} ({p.ctype}) needs a number, got {value!r}")
+    return dt.type(value)
+
+
+def launch(handle: KernelHandle, grid, block, *args, shared_mem: int = 0, stream=None) -> None:
+    """Launch ``handle`` on ``stream`` (default: CuPy's current stream) with type-checked arguments.
+
+    Pointer parameters take C-contiguous CuPy arrays of the matching dtype (or ``None`` for NULL);
+    scalar parameters take NumPy scalars of the C type or Python numbers that fit it.
+    """
+    import cupy
+    from cuda.core import LaunchConfig
+    from cuda.core import launch as core_launch
+
+    if len(args) != len(handle.params):
+        raise TypeError(f"{handle.name} takes {len(handle.params)} arguments, got {len(args)}")
+    converted = [_convert_arg(handle, p, a) for p, a in zip(handle.params, args, strict=True)]
+    s = stream if stream is not None else cupy.cuda.get_current_stream()
+    cfg = LaunchConfig(grid=grid, block=block, shmem_size=int(shared_mem))
+    core_launch(_core_stream(s), cfg, handle.kernel, *converted)
+
+
+def compile_timings() -> list[dict]:
+    """Cold (NVRTC, no cache) and warm (from the disk cache) compile-and-load times of every kernel
+    source on the current device, in milliseconds."""
+    from cuda.core import ObjectCode
+
+    arch = device_arch()
+    out = []
+    for name in kernel_files():
+        first_entry = next(iter(entry_points(name)))
+        t0 = time.perf_counter()
+        cold = compile_cubin(name, arch, cache=False)
+        ObjectCode.from_cubin(bytes(cold.code)).get_kernel(first_entry)
+        t1 = time.perf_counter()
+        program_cache()[_cache_key(name, arch)] = cold  # so that the warm load below is a hit
+        t2 = time.perf_counter()
+        warm = compile_cubin(name, arch)
+        ObjectCode.from_cubin(bytes(warm.code)).get_kernel(first_entry)
+        t3 = time.perf_counter()
+        out.append({"kernel": name, "cold_ms": (t1 - t0) * 1e3, "warm_ms": (t3 - t2) * 1e3})
+    return out
+
+
+def _cache_key(name: str, arch: str, defines: dict | None = None) -> bytes:
+    from cuda.core.utils import make_program_cache_key
+
+    return make_program_cache_key(
+        code=build_source(name, defines), code_type="c++", options=_program_options(arch), target_type="cubin"
+    )

@@ -1,0 +1,68 @@
+"""Memory budgets: how much work fits in one chunk, and whether a result fits in host memory at all.
+
+Work is chunked so that peak device memory stays under a budget (by default half of the device's
+free memory, or ``PROTGPU_GPU_MEMORY_BUDGET`` bytes, e.g. ``2e9``), and a result that cannot fit in
+host memory is refused before anything is allocated, with its size in the message. This module is
+imported on the CPU path too, so it imports CuPy only inside the functions that need the device.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import MemoryBudgetError
+
+
+def format_bytes(n: float) -> str:
+    """``1536 -> '1.5 KiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def host_available_bytes() -> int | None:
+    """Available host memory in bytes (Linux ``MemAvailable``), or ``None`` where unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_host_fits(nbytes: int, what: str) -> None:
+    """Raise :class:`MemoryBudgetError` if a host allocation of ``nbytes`` cannot fit in memory."""
+    avail = host_available_bytes()
+    if avail is not None and nbytes > avail:
+        raise MemoryBudgetError(
+            f"{what} needs {format_bytes(nbytes)} but only {format_bytes(avail)} of host memory is "
+            "available; pass out= (an np.memmap) or select fewer atoms/frames"
+        )
+
+
+def device_budget_bytes(fraction: float = 0.5) -> int:
+    """Bytes of device memory one call may use: ``PROTGPU_GPU_MEMORY_BUDGET`` if set, else
+    ``fraction`` of the current device's free memory (counting CuPy's pool's free blocks as free)."""
+    env = os.environ.get("PROTGPU_GPU_MEMORY_BUDGET")
+    if env:
+        return int(float(env))
+    import cupy
+
+    free, _total = cupy.cuda.runtime.memGetInfo()
+    free += cupy.get_default_memory_pool().free_bytes()
+    return int(free * fraction)
+
+
+def rows_per_chunk(bytes_per_row: int, n_rows: int, budget: int) -> int:
+    """How many rows (frames, tiles) of ``bytes_per_row`` fit in ``budget``: at least 1, at most
+    ``n_rows``."""
+    if bytes_per_row <= 0:
+        return max(n_rows, 1)
+    return int(max(1, min(n_rows, budget // bytes_per_row)))

@@ -1,0 +1,83 @@
+"""Expanding the CLI's INPUT arguments: paths, globs, directories, ``@list.txt`` files and ``-``."""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from pathlib import Path
+
+from ..errors import InputError
+
+STRUCTURE_EXTENSIONS = (".pdb", ".ent", ".cif", ".mmcif", ".pdb.gz", ".ent.gz", ".cif.gz", ".mmcif.gz")
+TRAJECTORY_EXTENSIONS = (".xtc", ".dcd", ".trr", ".nc", ".netcdf", ".h5", ".lh5", ".binpos", ".mdcrd")
+
+
+def _has_ext(p: str, exts) -> bool:
+    low = p.lower()
+    return any(low.endswith(e) for e in exts)
+
+
+def expand_inputs(items, *, extensions=STRUCTURE_EXTENSIONS + TRAJECTORY_EXTENSIONS) -> list[str]:
+    """Turn INPUT arguments into a list of file paths, in order, without duplicates.
+
+    ``@file`` reads one path per line (blank lines and ``#`` comments skipped); ``-`` reads that list
+    from standard input; a directory is searched recursively for files with ``extensions``; anything
+    with ``*``, ``?`` or ``[`` is a glob. A path that does not exist is an error naming it.
+    """
+    out: list[str] = []
+    seen: set[str] = set()
+
+    def add(p: str) -> None:
+        if p not in seen:
+            seen.add(p)
+            out.append(p)
+
+    def expand(item: str, origin: str | None) -> None:
+        if item == "-":
+            for line in sys.stdin:
+                _list_line(line, "<stdin>")
+            return
+        if item.startswith("@"):
+            list_file = item[1:]
+            try:
+                with open(list_file) as fh:
+                    lines = fh.readlines()
+            except OSError as exc:
+                raise InputError(f"{list_file}: cannot read input list: {exc.strerror}") from None
+            base = os.path.dirname(list_file)
+            for line in lines:
+                _list_line(line, list_file, base)
+            return
+        if any(ch in item for ch in "*?["):
+            matches = sorted(glob.glob(item, recursive=True))
+            if not matches:
+                raise InputError(f"{item}: no file matches this pattern")
+            for m in matches:
+                expand(m, origin)
+            return
+        if os.path.isdir(item):
+            found = sorted(str(p) for p in Path(item).rglob("*") if p.is_file() and _has_ext(p.name, extensions))
+            if not found:
+                raise InputError(f"{item}: directory holds no file with a known extension")
+            for f in found:
+                add(f)
+            return
+        if not os.path.exists(item):
+            where = f" (listed in {origin})" if origin else ""
+            raise InputError(f"{item}: no such file{where}")
+        add(item)
+
+    def _list_line(line: str, origin: str, base: str = "") -> None:
+        s = line.strip()
+        if not s or s.startswith("#"):
+            return
+        if base and not os.path.isabs(s) and not os.path.exists(s):
+            s = os.path.join(base, s)
+        expand(s, origin)
+
+    for it in items:
+        expand(it, None)
+    if not out:
+        raise InputError("no input files given")
+    return out

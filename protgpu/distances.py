@@ -1,0 +1,377 @@
+"""Distance matrices and pair distances, exact, with periodic boxes.
+
+Three layers, as everywhere in protgpu: :func:`distances` (validates, picks the backend, converts
+back), :func:`distances_numpy` (the NumPy twin: the specification and the CPU path), and the CUDA path
+(``kernels/distances.cu``). Every distance comes from a direct coordinate difference, never from
+``|a|^2 + |b|^2 - 2 a.b``, so that float32 keeps 1e-4 Angstrom accuracy far from the origin.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._array import dispatch, to_numpy
+from ._memory import check_host_fits, device_budget_bytes, rows_per_chunk
+from .errors import InputError
+
+__all__ = ["distances", "distances_numpy", "normalize_box"]
+
+PBC_NONE, PBC_ORTHO, PBC_TRICLINIC = 0, 1, 2
+
+
+# --------------------------------------------------------------------------------------------------
+# Input handling shared by both paths
+
+
+def _coords_of(x: Any, what: str):
+    """Coordinates of a Structure (its ``coords``) or the array itself; name for messages."""
+    coords = getattr(x, "coords", None)
+    if coords is not None and hasattr(x, "atoms"):
+        return coords, (getattr(x, "source", None) or what)
+    return x, what
+
+
+def _as_frames(x, name: str, be):
+    """(N, 3) -> (1, N, 3) on the work device; validate (F, N, 3); float32 unless float64 came in.
+
+    Host input is checked for NaN/inf (naming the first bad frame). Device-resident input is not:
+    the check would synchronise the caller's stream; NaN there propagates to NaN distances.
+    """
+    xp = be.xp
+    if be.kind == "numpy":
+        x = np.asarray(x)
+        if x.dtype.kind in "fc" and x.size and not np.isfinite(x).all():
+            bad = np.argwhere(~np.isfinite(x))[0]
+            where = f"frame {bad[0]} (atom {bad[1]})" if x.ndim == 3 else f"atom {bad[0]}"
+            raise InputError(f"{name}: NaN or infinite coordinates in {where}")
+    a = be.asarray(x)
+    a = a.astype(xp.float64 if a.dtype == np.float64 else xp.float32, copy=False)
+    squeeze = a.ndim == 2
+    if squeeze:
+        a = a[None]
+    if a.ndim != 3 or a.shape[-1] != 3:
+        raise InputError(f"{name}: coordinates must have shape (atoms, 3) or (frames, atoms, 3), "
+                         f"got {tuple(a.shape)}")
+    if a.shape[1] == 0:
+        raise InputError(f"{name}: no atoms")
+    return xp.ascontiguousarray(a), squeeze
+
+
+def normalize_box(box, n_frames: int, dtype=np.float64):
+    """Box as (frames or 1, 3, 3) vectors (rows a, b, c, Angstrom), its inverse, and the PBC mode.
+
+    Parameters
+    ----------
+    box : array_like or None
+        (3,) or (frames, 3) orthorhombic lengths, or (3, 3) / (frames, 3, 3) box vectors, Angstrom.
+    n_frames : int
+
+    Returns
+    -------
+    vectors : ndarray (Fb, 3, 3) or None
+    inverse : ndarray (Fb, 3, 3) or None
+    mode : int
+        0 no box, 1 orthorhombic, 2 triclinic.
+    """
+    if box is None:
+        return None, None, PBC_NONE
+    b = np.asarray(to_numpy(box), dtype=np.float64)
+    if b.shape in ((3,), (n_frames, 3)):
+        lengths = b.reshape(-1, 3)
+        vec = np.zeros((lengths.shape[0], 3, 3))
+        vec[:, [0, 1, 2], [0, 1, 2]] = lengths
+    elif b.shape in ((3, 3), (n_frames, 3, 3)):
+        vec = b.reshape(-1, 3, 3).copy()
+    else:
+        raise InputError(
+            f"box must have shape (3,), ({n_frames}, 3), (3, 3) or ({n_frames}, 3, 3), got {b.shape}"
+        )
+    if not np.isfinite(vec).all():
+        raise InputError("box has NaN or infinite values")
+    det = np.linalg.det(vec)
+    if np.any(np.abs(det) < 1e-6):
+        raise InputError(f"box of frame {int(np.argmin(np.abs(det)))} has zero volume")
+    off_diagonal = vec[:, [0, 0, 1, 1, 2, 2], [1, 2, 0, 2, 0, 1]]
+    mode = PBC_ORTHO if np.all(off_diagonal == 0) else PBC_TRICLINIC
+    return vec.astype(dtype), np.linalg.inv(vec).astype(dtype), mode
+
+
+def _check_pairs(pairs, n_atoms: int):
+    p = np.asarray(to_numpy(pairs))
+    if p.ndim != 2 or p.shape[1] != 2:
+        raise InputError(f"pairs must have shape (k, 2), got {p.shape}")
+    if p.size and not np.issubdtype(p.dtype, np.integer):
+        raise InputError(f"pairs must be integer atom indices, got dtype {p.dtype}")
+    p = p.astype(np.int64)
+    if p.size and (p.min() < 0 or p.max() >= n_atoms):
+        raise InputError(f"pairs index atoms outside 0..{n_atoms - 1}")
+    return np.ascontiguousarray(p)
+
+
+def _out_shape(n_frames, n, m, pairs):
+    return (n_frames, len(pairs)) if pairs is not None else (n_frames, n, m)
+
+
+def _check_out(out, shape, dtype):
+    if out is None:
+        return
+    if tuple(out.shape) != tuple(shape):
+        raise InputError(f"out= has shape {tuple(out.shape)}, the result needs {tuple(shape)}")
+    if np.dtype(out.dtype) != np.dtype(dtype):
+        raise InputError(f"out= has dtype {out.dtype}, the result is {np.dtype(dtype)}")
+
+
+# --------------------------------------------------------------------------------------------------
+# NumPy twin
+
+
+def _minimum_image_numpy(d, vec, inv, mode):
+    """Minimum-image displacements ``d`` (..., 3) float64 for one frame's box (rules of common.cuh)."""
+    if mode == PBC_ORTHO:
+        lengths = np.diagonal(vec)
+        return d - lengths * np.rint(d * np.diagonal(inv))
+    s = d @ inv
+    s -= np.rint(s)
+    d = s @ vec
+    shifts = np.array([[i, j, k] for i in (-1, 0, 1) for j in (-1, 0, 1) for k in (-1, 0, 1)], dtype=np.float64)
+    images = d[..., None, :] + (shifts @ vec)  # (..., 27, 3)
+    best = np.argmin(np.einsum("...ij,...ij->...i", images, images), axis=-1)
+    return np.take_along_axis(images, best[..., None, None], axis=-2)[..., 0, :]
+
+
+def _finish(d2, out):
+    """Round the float64 squared distances to the output dtype, then take the square root there.
+
+    This is the kernels' arithmetic: for float32 output the differences and squared norms are exact
+    or nearly so in float64, and only the last two roundings happen in float32.
+    """
+    out[...] = d2
+    np.sqrt(out, out=out)
+
+
+def _frame_matrix_numpy(xf, yf, vec, inv, mode, out):
+    """Fill ``out`` (n, m) with distances between rows of xf (n, 3) and yf (m, 3)."""
+    xf = xf.astype(np.float64, copy=False)
+    yf = yf.astype(np.float64, copy=False)
+    if mode == PBC_TRICLINIC:
+        d = _minimum_image_numpy(yf[None, :, :] - xf[:, None, :], vec, inv, mode)
+        _finish(np.einsum("ijk,ijk->ij", d, d), out)
+        return
+    if mode == PBC_NONE:
+        try:
+            # scipy's C loop gives the same float64 squared distances ~3x faster than NumPy passes
+            from scipy.spatial.distance import cdist
+        except ImportError:
+            pass
+        else:
+            _finish(cdist(xf, yf, "sqeuclidean"), out)
+            return
+    # Per component with preallocated float64 buffers: no (n, m, 3) temporary.
+    acc = np.empty(out.shape, dtype=np.float64)
+    tmp = np.empty_like(acc)
+    for c in range(3):
+        target = acc if c == 0 else tmp
+        np.subtract(yf[None, :, c], xf[:, None, c], out=target)
+        if mode == PBC_ORTHO:
+            target -= vec[c, c] * np.rint(target * inv[c, c])
+        np.multiply(target, target, out=target)
+        if c:
+            acc += tmp
+    _finish(acc, out)
+
+
+def distances_numpy(x, y=None, *, pairs=None, box=None, out=None):
+    """The NumPy twin of :func:`distances` (also its CPU path).
+
+    Parameters
+    ----------
+    x : ndarray, shape (F, N, 3)
+    y : ndarray, shape (F, M, 3) or (1, M, 3), optional
+    pairs : ndarray, shape (K, 2) int64, optional
+    box : as :func:`normalize_box` accepts
+    out : ndarray, optional
+        Preallocated result, (F, N, M) or (F, K).
+
+    Returns
+    -------
+    ndarray, (F, N, M) or (F, K), dtype of ``x``, Angstrom.
+    """
+    n_frames, n = x.shape[:2]
+    vec, inv, mode = normalize_box(box, n_frames)
+    if pairs is not None:
+        res = out if out is not None else np.empty((n_frames, len(pairs)), dtype=x.dtype)
+        for f in range(n_frames):
+            xf = x[f].astype(np.float64, copy=False)
+            d = xf[pairs[:, 1]] - xf[pairs[:, 0]]
+            if mode:
+                b = min(f, len(vec) - 1)
+                d = _minimum_image_numpy(d, vec[b], inv[b], mode)
+            _finish(np.einsum("ij,ij->i", d, d), res[f])
+        return res
+    yy = x if y is None else y
+    m = yy.shape[1]
+    res = out if out is not None else np.empty((n_frames, n, m), dtype=x.dtype)
+    # Rows in blocks so that the triclinic (rows, m, 27, 3) temporary stays small.
+    rows = n if mode != PBC_TRICLINIC else max(1, 2_000_000 // max(m * 27 * 3, 1))
+    block = np.empty((min(rows, n), m), dtype=x.dtype)
+    for f in range(n_frames):
+        yf = yy[f if len(yy) > 1 else 0]
+        b = min(f, len(vec) - 1) if mode else 0
+        for r0 in range(0, n, rows):
+            r1 = min(n, r0 + rows)
+            buf = block[: r1 - r0]
+            _frame_matrix_numpy(x[f, r0:r1], yf, vec[b] if mode else None, inv[b] if mode else None, mode, buf)
+            res[f, r0:r1] = buf
+    return res
+
+
+# --------------------------------------------------------------------------------------------------
+# CUDA path
+
+_BLOCK = 256
+_COLS_PER_THREAD = 4
+
+
+def _distances_cuda(x, y, pairs, box, out_host):
+    """Run the kernels on CuPy arrays ``x`` (F, N, 3), ``y`` (Fy, M, 3) or None, ``pairs`` (K, 2).
+
+    Frames go in chunks sized by the device memory budget; with ``out_host`` each chunk is copied into
+    it (a NumPy array or memmap) as soon as it is done, so the result never has to fit on the device.
+    """
+    import cupy
+
+    from . import _cuda
+
+    suffix = "f64" if x.dtype == np.float64 else "f32"
+    n_frames, n = x.shape[:2]
+    vec, inv, mode = normalize_box(box, n_frames)
+    box_d = cupy.asarray(vec.reshape(-1, 9)) if mode else cupy.zeros((1, 9), dtype=np.float64)
+    inv_d = cupy.asarray(inv.reshape(-1, 9)) if mode else cupy.zeros((1, 9), dtype=np.float64)
+    box_step = 1 if (mode and len(vec) > 1) else 0
+    itemsize = x.dtype.itemsize
+
+    if pairs is not None:
+        pairs_d = cupy.asarray(pairs)
+        k = len(pairs)
+        h = _cuda.get_kernel("distances", f"pair_distances_{suffix}")
+        per_frame = k * itemsize
+        m = None
+    else:
+        yy = x if y is None else y
+        m = yy.shape[1]
+        y_step = 1 if len(yy) > 1 else 0
+        h = _cuda.get_kernel("distances", f"distance_matrix_{suffix}", {"COLS_PER_THREAD": _COLS_PER_THREAD})
+        per_frame = n * m * itemsize
+    shape = _out_shape(n_frames, n, m, pairs)
+    chunk = rows_per_chunk(per_frame, n_frames, device_budget_bytes())
+    if out_host is None and chunk >= n_frames:
+        result = cupy.empty(shape, dtype=x.dtype)
+    else:
+        result = None
+    for f0 in range(0, n_frames, chunk):
+        f1 = min(n_frames, f0 + chunk)
+        nf = f1 - f0
+        dst = result[f0:f1] if result is not None else cupy.empty((nf, *shape[1:]), dtype=x.dtype)
+        bx = box_d[f0:f1] if box_step else box_d
+        ix = inv_d[f0:f1] if box_step else inv_d
+        if pairs is not None:
+            total = nf * k
+            grid = max(1, min((total + _BLOCK - 1) // _BLOCK, 65535 * 8))
+            if total:
+                _cuda.launch(h, grid, _BLOCK, x[f0:f1], pairs_d, bx, ix, dst, nf, n, k, box_step, mode)
+        else:
+            yf = yy[f0:f1] if y_step else yy
+            col_blocks = (m + _BLOCK * _COLS_PER_THREAD - 1) // (_BLOCK * _COLS_PER_THREAD)
+            _cuda.launch(h, (nf * n, col_blocks), _BLOCK, x[f0:f1], yf, bx, ix, dst, nf, n, m, y_step, box_step, mode)
+        if result is None:
+            out_host[f0:f1] = dst.get()
+    return result if result is not None else out_host
+
+
+# --------------------------------------------------------------------------------------------------
+# Public function
+
+
+def distances(x, y=None, *, pairs=None, box=None, out=None, device: str = "auto"):
+    """Exact interatomic distances: self matrices, cross matrices, or selected pairs.
+
+    Parameters
+    ----------
+    x : array_like or Structure
+        Coordinates (N, 3) or (F, N, 3) in Angstrom (NumPy, CuPy or torch), or a Structure (its
+        ``coords``). float64 input is computed in float64; anything else in float32.
+    y : array_like or Structure, optional
+        Second set, (M, 3) or (F, M, 3) (or one frame, used for every frame of ``x``). Gives cross
+        matrices (F, N, M).
+    pairs : array_like of int, shape (K, 2), optional
+        Atom index pairs into ``x``; gives (F, K), as ``mdtraj.compute_distances`` does. Not with ``y``.
+    box : array_like, optional
+        Periodic box for minimum-image distances: (3,) or (F, 3) orthorhombic lengths, or (3, 3) /
+        (F, 3, 3) box vectors (rows a, b, c), in Angstrom (``Structure.box`` has this form).
+    out : ndarray or np.memmap, optional
+        Preallocated host array for the result (F, N, M) or (F, K), of the result's dtype. Results
+        larger than the device memory budget are computed in chunks of frames and copied into it.
+    device : {"auto", "cpu", "gpu"}
+        Where to compute. ``"auto"`` uses the GPU when one is usable.
+
+    Returns
+    -------
+    array
+        Distances in Angstrom, (N, M) / (K,) for 2-D input, else (F, N, M) / (F, K), of the input's
+        array type (``out`` itself when given).
+
+    Raises
+    ------
+    InputError
+        Wrong shapes, NaN coordinates, bad pairs or box.
+    MemoryBudgetError
+        The result cannot fit in host memory (raised before anything is allocated).
+
+    Examples
+    --------
+    >>> import numpy as np, protgpu as pg
+    >>> x = np.array([[0.0, 0, 0], [3, 4, 0], [0, 0, 1]], dtype=np.float32)
+    >>> pg.distances(x, device="cpu")[0]
+    array([0., 5., 1.], dtype=float32)
+    >>> pg.distances(x, pairs=[[0, 1]], box=[4.0, 4.0, 4.0], device="cpu")
+    array([1.], dtype=float32)
+    """
+    x, xname = _coords_of(x, "x")
+    if y is not None:
+        y, yname = _coords_of(y, "y")
+    be = dispatch(x, y, device=device)
+    xa, squeeze = _as_frames(x, xname, be)
+    ya = None
+    if y is not None:
+        if pairs is not None:
+            raise InputError("give either y or pairs, not both")
+        ya, _ = _as_frames(y, yname, be)
+        ya = ya.astype(xa.dtype, copy=False)
+        if len(ya) not in (1, len(xa)):
+            raise InputError(f"y has {len(ya)} frames; it needs 1 or as many as x ({len(xa)})")
+    n_frames, n = xa.shape[:2]
+    pairs_a = _check_pairs(pairs, n) if pairs is not None else None
+    m = (ya if ya is not None else xa).shape[1]
+    shape = _out_shape(n_frames, n, m, pairs_a)
+    nbytes = int(np.prod(shape)) * xa.dtype.itemsize
+    _check_out(out, shape, xa.dtype)
+    if out is None and be.kind in ("numpy", "torch-cpu"):
+        check_host_fits(nbytes, f"the distance result {shape}")
+
+    if not be.on_gpu:
+        res = distances_numpy(xa, ya, pairs=pairs_a, box=box, out=out)
+    elif out is not None:
+        res = _distances_cuda(xa, ya, pairs_a, box, out)
+    elif be.kind in ("numpy", "torch-cpu") and nbytes > device_budget_bytes():
+        # Larger than the device budget: chunks computed on the GPU are gathered on the host.
+        res = _distances_cuda(xa, ya, pairs_a, box, np.empty(shape, dtype=xa.dtype))
+    else:
+        res = _distances_cuda(xa, ya, pairs_a, box, None)
+    if out is not None:
+        return out
+    if squeeze:
+        res = res[0]
+    return be.wrap(res)
+

@@ -1,0 +1,66 @@
+"""Shared fixtures: where the datasets are, and the GPU gate.
+
+GPU tests carry ``@pytest.mark.gpu`` and take the ``gpu`` fixture. Without a usable GPU they skip,
+unless ``PROTGPU_REQUIRE_GPU=1`` is set (as on the GPU machine), in which case they fail: a skipped GPU
+suite proves nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATASETS = REPO / "datasets"
+SHARED_DATASETS = REPO.parent / "shared" / "datasets"
+
+
+def require_gpu() -> bool:
+    return os.environ.get("PROTGPU_REQUIRE_GPU", "") not in ("", "0")
+
+
+@pytest.fixture(scope="session")
+def gpu():
+    """The ``cupy`` module, for tests that need a usable GPU."""
+    from protgpu._array import gpu_available, gpu_unavailable_reason
+
+    if not gpu_available():
+        msg = f"no usable GPU: {gpu_unavailable_reason()}"
+        if require_gpu():
+            pytest.fail(f"PROTGPU_REQUIRE_GPU=1 but {msg}")
+        pytest.skip(msg)
+    import cupy
+
+    return cupy
+
+
+def pytest_collection_modifyitems(config, items):
+    # Tests marked gpu without the fixture still get the gate.
+    for item in items:
+        if item.get_closest_marker("gpu") and "gpu" not in getattr(item, "fixturenames", ()):
+            item.fixturenames.append("gpu")
+
+
+@pytest.fixture(scope="session")
+def datasets() -> Path:
+    """The repository's own ``datasets/`` folder."""
+    return DATASETS
+
+
+@pytest.fixture(scope="session")
+def shared_datasets() -> Path:
+    """``../shared/datasets`` beside the checkout; tests using it skip when it is absent (a user's
+    clone has none)."""
+    if not SHARED_DATASETS.is_dir():
+        pytest.skip("../shared/datasets is not present")
+    return SHARED_DATASETS
+
+
+@pytest.fixture(scope="session")
+def reference_values(shared_datasets):
+    """``REFERENCE_VALUES.json`` from the shared datasets, parsed."""
+    import json
+
+    return json.loads((shared_datasets / "REFERENCE_VALUES.json").read_text())

@@ -1,0 +1,101 @@
+"""The ``protgpu`` command: subcommands run, bad input exits 2 with one line and no partial output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from protgpu.cli import main
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "protgpu.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, "PROTGPU_DISABLE_GPU": "1"})
+
+
+def test_help_lists_subcommands(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for cmd in ("info", "kernels", "distances"):
+        assert cmd in out
+
+
+def test_info_runs_without_gpu():
+    r = run_cli("info", "--no-compile")
+    assert r.returncode == 0, r.stderr
+    assert "protgpu" in r.stdout and "GPU" in r.stdout
+
+
+def test_kernels_check_compiles_everything():
+    pytest.importorskip("cuda.core")
+    r = run_cli("kernels", "--check", "--arch", "sm_90")
+    assert r.returncode == 0, r.stderr
+    assert "ok  distances.cu  sm_90" in r.stdout
+
+
+def test_kernels_check_bad_arch_fails():
+    pytest.importorskip("cuda.core")
+    r = run_cli("kernels", "--check", "--arch", "gfx90a")
+    assert r.returncode == 2 and "sm_XY" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_distances_writes_npy(tmp_path, datasets):
+    out = tmp_path / "d.npy"
+    r = run_cli("distances", datasets / "adk_open.pdb", "--select", "ca", "--out", out)
+    assert r.returncode == 0, r.stderr
+    d = np.load(out)
+    assert d.shape == (1, 214, 214) and d.dtype == np.float32
+    assert "on the CPU" in r.stdout
+
+
+def test_distances_many_inputs_to_npz(tmp_path, datasets):
+    out = tmp_path / "d.npz"
+    r = run_cli("distances", datasets / "adk_open.pdb", datasets / "adk_closed.pdb", "-s", "ca", "-o", out)
+    assert r.returncode == 0, r.stderr
+    with np.load(out) as z:
+        assert {"adk_open", "adk_closed", "inputs"} <= set(z.files)
+        assert z["adk_closed"].shape == (1, 214, 214)
+
+
+@pytest.mark.parametrize(
+    "make, expect",
+    [
+        (lambda p: None, "no such file"),
+        (lambda p: p.write_text(""), "bad.pdb"),
+        (lambda p: p.write_text("this is not a structure\n" * 5), "bad.pdb"),
+        (lambda p: p.write_text("ATOM      1  N   MET A   1      11.104  13.207"), "bad.pdb"),
+    ],
+)
+def test_bad_inputs_exit_2_with_one_line_and_no_output(tmp_path, make, expect):
+    bad = tmp_path / "bad.pdb"
+    make(bad)
+    out = tmp_path / "d.npy"
+    r = run_cli("distances", bad, "--out", out)
+    assert r.returncode == 2
+    assert expect in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists() and list(tmp_path.glob("*.npy*")) == []
+
+
+def test_empty_selection_is_an_error(tmp_path, datasets):
+    r = run_cli("distances", datasets / "adk_open.pdb", "--select", "resname XYZ", "--out", tmp_path / "d.npy")
+    assert r.returncode == 2 and "adk_open.pdb" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_gpu_forced_without_gpu_is_a_clear_error(datasets):
+    r = run_cli("distances", datasets / "adk_open.pdb", "--select", "ca", "--device", "gpu")
+    assert r.returncode == 2 and "no GPU is usable" in r.stderr
+
+
+def test_list_file_input(tmp_path, datasets):
+    lst = tmp_path / "inputs.txt"
+    lst.write_text(f"# two structures\n{datasets / 'adk_open.pdb'}\n\n{datasets / 'adk_closed.pdb'}\n")
+    r = run_cli("distances", f"@{lst}", "-s", "ca", "-q", "-o", tmp_path / "d.npz")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""

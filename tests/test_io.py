@@ -1,0 +1,623 @@
+"""Tests of protgpu.io: loading PDB/mmCIF/trajectories/objects, bad inputs, atomic writes."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+import stat
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protgpu.errors import InputError
+from protgpu.io import load, save_array, write_atomic
+from protgpu.structure import Structure
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "datasets"
+ADK = DATA / "adk_open.pdb"
+ADK_CLOSED = DATA / "adk_closed.pdb"
+ADK_DCD = DATA / "adk_dims.dcd"
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+
+
+def shared(rel: str) -> Path:
+    """A file of ../shared/datasets; the test skips when that folder is absent (a user's clone)."""
+    p = SHARED / rel
+    if not p.is_file():
+        pytest.skip(f"{p} not present")
+    return p
+
+
+def _mdtraj(path, **kw):
+    import mdtraj
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dummy CRYST1 records
+        return mdtraj.load(str(path), **kw)
+
+
+@functools.cache
+def _mdtraj_cached(path: Path):
+    # mdtraj's PDB reader is slow (tens of ms to a second); several tests compare against one file
+    return _mdtraj(path)
+
+
+def _gemmi_model1(path):
+    import gemmi
+
+    st = gemmi.read_structure(str(path), merge_chain_parts=False)
+    flat = gemmi.FlatStructure(st)
+    flat.strings_as_numbers = False
+    m = np.asarray(flat.model_num)
+    first = m == m[0]
+    names = np.char.strip(np.asarray(flat.atom_names).astype("U"))[first]
+    resnames = np.char.strip(np.asarray(flat.residue_names).astype("U"))[first]
+    chains = np.char.strip(np.asarray(flat.chain_ids).astype("U"))[first]
+    return np.asarray(flat.pos)[first], names, resnames, np.asarray(flat.resnums)[first], chains
+
+
+# ----------------------------------------------------------------------------------------------------
+# PDB
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_adk_open_matches_mdtraj():
+    s = load(ADK)
+    t = _mdtraj(ADK)
+    assert (s.n_frames, s.n_atoms, s.n_residues) == (1, 3341, 214)
+    assert s.coords.dtype == np.float32 and s.coords.flags.c_contiguous
+    np.testing.assert_allclose(s.coords, t.xyz * 10, atol=1e-3)
+    assert set(s.atoms.chain) == {""} and set(s.atoms.segid) == {"4AKE"}
+    assert s.box is None and s.time is None
+    assert s.source == str(ADK)
+    # no element column in this CHARMM file: elements come from the names
+    assert s.atoms.element[s.select_indices("name CA")].tolist() == ["C"] * 214
+    assert set(s.atoms.element) == {"C", "H", "N", "O", "S"}
+    assert s.atoms.hetero.sum() == 0 and s.atoms.resname[0] == "MET"
+
+
+def test_path_and_str_agree():
+    a, b = load(ADK), load(str(ADK))
+    assert a.atoms == b.atoms and np.array_equal(a.coords, b.coords)
+
+
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "openstructure/7W1F_B_target.pdb",
+        "openstructure/1eud_ref.pdb",
+        "openstructure/T1118v1LG035_1.pdb",
+        "biopython/1A8O.pdb",
+        "biopython/2BEG.pdb",
+        "mdtraj/1am7_protein.pdb",
+        "mdtraj/bpti.pdb",
+        "usalign/PDB1.pdb",
+    ],
+)
+def test_pdb_matches_gemmi_and_mdtraj(rel):
+    path = shared(rel)
+    s = load(path)
+    pos, names, resnames, resids, chains = _gemmi_model1(path)
+    np.testing.assert_allclose(s.coords[0], pos, atol=1e-3)
+    np.testing.assert_array_equal(s.atoms.name, names)
+    np.testing.assert_array_equal(s.atoms.resname, resnames)
+    np.testing.assert_array_equal(s.atoms.resid, resids)
+    np.testing.assert_array_equal(s.atoms.chain, chains)
+    t = _mdtraj_cached(path)
+    assert (s.n_atoms, s.n_residues) == (t.n_atoms, t.n_residues)
+    np.testing.assert_allclose(s.coords, t.xyz * 10, atol=1e-3)
+    el = np.array([a.element.symbol.upper() for a in t.topology.atoms])
+    np.testing.assert_array_equal(s.atoms.element, el)
+
+
+def test_1a8o_hetero_mse():
+    s = load(shared("biopython/1A8O.pdb"))
+    mse = s.atoms.resname == "MSE"
+    assert mse.any() and s.atoms.hetero[mse].all()
+    assert "SE" in set(s.atoms.element[mse])
+    # MSE counts as protein: one CA per residue of the polymer
+    t = _mdtraj(shared("biopython/1A8O.pdb"))
+    assert s.select_indices("ca").size == t.topology.select("name CA and protein").size
+
+
+@pytest.mark.parametrize(
+    ("rel", "sel", "md"),
+    [
+        ("openstructure/7W1F_B_target.pdb", "ca", "name CA and protein"),
+        ("openstructure/7W1F_B_target.pdb", "heavy", "not element H"),
+        ("openstructure/7W1F_B_target.pdb", "backbone", "backbone"),
+        ("mdtraj/2EQQ.pdb", "ca", "name CA and protein"),
+        ("mdtraj/2EQQ.pdb", "heavy", "not element H"),
+        ("mdtraj/2EQQ.pdb", "backbone", "backbone"),
+        ("mdtraj/1vii.pdb", "heavy", "not element H"),
+        ("openstructure/1eud_ref.pdb", "ca", "name CA and protein"),
+        ("openstructure/1eud_ref.pdb", "water", "water"),
+        ("openstructure/1eud_ref.pdb", "heavy", "not element H"),
+    ],
+)
+def test_selections_match_mdtraj(rel, sel, md):
+    path = shared(rel)
+    s = load(path)
+    np.testing.assert_array_equal(s.select_indices(sel), _mdtraj_cached(path).topology.select(md))
+
+
+def test_multimodel_nmr_2eqq():
+    path = shared("mdtraj/2EQQ.pdb")
+    s = load(path)
+    t = _mdtraj_cached(path)
+    assert (s.n_frames, s.n_atoms, s.n_residues) == (20, 423, 28)
+    np.testing.assert_allclose(s.coords, t.xyz * 10, atol=1e-3)
+    m5 = load(path, model=5)
+    assert m5.n_frames == 1
+    np.testing.assert_array_equal(m5.coords[0], s.coords[4])
+    np.testing.assert_array_equal(load(path, frames=slice(2, 5)).coords, s.coords[2:5])
+    with pytest.raises(InputError, match=r"2EQQ\.pdb: no model 99 \(models in the file: 1, 2"):
+        load(path, model=99)
+
+
+def test_multimodel_frame0_matches_xtc():
+    s = load(shared("mdtraj/frame0.pdb"))
+    x = load(shared("mdtraj/frame0.xtc"), top=shared("mdtraj/native.pdb"))
+    assert (s.n_frames, s.n_atoms) == (501, 22)
+    assert s.atoms.resname.tolist() == x.atoms.resname.tolist()  # names differ (1HH3 vs H1), residues not
+    np.testing.assert_allclose(s.coords, x.coords, atol=0.02)  # PDB 1e-3 A vs XTC 1e-3 nm
+
+
+def test_gz(tmp_path):
+    gz = tmp_path / "adk_open.pdb.gz"
+    gz.write_bytes(gzip.compress(ADK.read_bytes()))
+    a, b = load(gz), load(ADK)
+    assert a.atoms == b.atoms and np.array_equal(a.coords, b.coords)
+    cif = shared("biopython/1A8O.cif")
+    gzc = tmp_path / "1A8O.cif.gz"
+    gzc.write_bytes(gzip.compress(cif.read_bytes()))
+    np.testing.assert_array_equal(load(gzc).coords, load(cif).coords)
+
+
+def test_crlf_and_no_final_newline(tmp_path):
+    text = ADK.read_bytes().rstrip(b"\n")
+    p = tmp_path / "crlf.pdb"
+    p.write_bytes(text.replace(b"\n", b"\r\n"))
+    a, b = load(p), load(ADK)
+    assert a.atoms == b.atoms and np.array_equal(a.coords, b.coords)
+
+
+def _atom_line(serial, name, resname, chain, resid, xyz, element="", altloc=" ", occ=1.0, icode=" ", het=False):
+    rec = "HETATM" if het else "ATOM  "
+    padded = f" {name:<3s}" if len(name) < 4 and len(element) < 2 else f"{name:<4s}"
+    return (
+        f"{rec}{serial:5d} {padded}{altloc}{resname:>3s} {chain}{resid:>4}{icode}   "
+        f"{xyz[0]:8.3f}{xyz[1]:8.3f}{xyz[2]:8.3f}{occ:6.2f}{10.0:6.2f}          {element:>2s}  "
+    )
+
+
+def test_element_guess_and_hetero_without_element_column(tmp_path):
+    lines = [
+        _atom_line(1, "N", "GLY", "A", 1, (0, 0, 0)),
+        _atom_line(2, "CA", "GLY", "A", 1, (1, 0, 0)),
+        "ATOM      3  HA2 GLY A   1       2.000   0.000   0.000  1.00 10.00",
+        "HETATM    4 ZN    ZN A 101       3.000   0.000   0.000  1.00 10.00",
+        "HETATM    5 CA    CA A 102       4.000   0.000   0.000  1.00 10.00",
+        "HETATM    6  O   HOH A 201       5.000   0.000   0.000  1.00 10.00",
+    ]
+    p = tmp_path / "ions.pdb"
+    p.write_text("\n".join(lines) + "\nEND\n")
+    s = load(p)
+    assert s.atoms.element.tolist() == ["N", "C", "H", "ZN", "CA", "O"]
+    assert s.atoms.hetero.tolist() == [False, False, False, True, True, True]
+    assert s.select_indices("ca").tolist() == [1]
+    assert s.select_indices("water").tolist() == [5]
+    assert s.n_residues == 4
+
+
+def test_hybrid36_and_insertion_codes(tmp_path):
+    lines = [
+        _atom_line(1, "CA", "ALA", "A", 9999, (0, 0, 0), "C"),
+        _atom_line(2, "CA", "ALA", "A", "A000", (1, 0, 0), "C"),
+        _atom_line(3, "CA", "GLY", "A", "A000", (2, 0, 0), "C", icode="B"),
+        _atom_line(4, "CA", "GLY", "B", -3, (3, 0, 0), "C"),
+    ]
+    p = tmp_path / "h36.pdb"
+    p.write_text("\n".join(lines) + "\n")
+    s = load(p)
+    assert s.atoms.resid.tolist() == [9999, 10000, 10000, -3]
+    assert s.atoms.icode.tolist() == ["", "", "B", ""]
+    assert s.atoms.chain.tolist() == ["A", "A", "A", "B"]
+    assert s.residues.labels() == ["A:ALA9999", "A:ALA10000", "A:GLY10000B", "B:GLY-3"]
+
+
+def _altloc_file(tmp_path) -> tuple[Path, np.ndarray, np.ndarray]:
+    """7-atom file where residue 2 has altlocs A (occ 0.4) and B (occ 0.6, shifted 1 A in x)."""
+    lines, a_xyz, b_xyz = [], [], []
+    serial = 1
+    for resid, resname in ((1, "GLY"), (2, "SER"), (3, "GLY")):
+        for k, name in enumerate(("N", "CA", "C")):
+            base = (resid * 3.0, k * 1.5, 0.5)
+            el = name[0]
+            if resid == 2 and name != "N":
+                lines.append(_atom_line(serial, name, resname, "A", resid, base, el, altloc="A", occ=0.4))
+                shifted = (base[0] + 1.0, base[1], base[2])
+                lines.append(_atom_line(serial + 1, name, resname, "A", resid, shifted, el, altloc="B", occ=0.6))
+                a_xyz.append(base)
+                b_xyz.append(shifted)
+                serial += 2
+            else:
+                lines.append(_atom_line(serial, name, resname, "A", resid, base, el))
+                a_xyz.append(base)
+                b_xyz.append(base)
+                serial += 1
+    p = tmp_path / "alt.pdb"
+    p.write_text("\n".join(lines) + "\nEND\n")
+    return p, np.array(a_xyz, np.float32), np.array(b_xyz, np.float32)
+
+
+def test_altloc_first_and_occupancy(tmp_path):
+    p, a_xyz, b_xyz = _altloc_file(tmp_path)
+    first = load(p)
+    assert first.n_atoms == 9 and first.n_residues == 3
+    np.testing.assert_allclose(first.coords[0], a_xyz)
+    best = load(p, altloc="occupancy")
+    np.testing.assert_allclose(best.coords[0], b_xyz)
+    assert best.atoms == first.atoms
+    # anchors: gemmi keeps the first conformer, Biopython the most occupied
+    import gemmi
+    from Bio.PDB import PDBParser
+
+    st = gemmi.read_structure(str(p))
+    st.remove_alternative_conformations()
+    np.testing.assert_allclose(first.coords[0], np.array([cra.atom.pos.tolist() for cra in st[0].all()]), atol=1e-3)
+    bio = PDBParser(QUIET=True).get_structure("x", str(p))
+    np.testing.assert_allclose(best.coords[0], np.array([a.coord for a in bio.get_atoms()]), atol=1e-3)
+    with pytest.raises(InputError, match="altloc"):
+        load(p, altloc="last")
+
+
+def test_nonstandard_coordinate_format_falls_back(tmp_path):
+    # four decimals instead of three: not the fast fixed-point form
+    lines = [
+        "ATOM      1  CA  ALA A   1      1.2345 -2.5000  3.0000  1.00 10.00           C",
+        "ATOM      2  CA  ALA A   2     -1.5000  2.2500 -3.1250  1.00 10.00           C",
+    ]
+    p = tmp_path / "fmt.pdb"
+    p.write_text("\n".join(lines) + "\n")
+    np.testing.assert_allclose(load(p).coords[0], [[1.2345, -2.5, 3.0], [-1.5, 2.25, -3.125]], atol=1e-6)
+
+
+def test_pdb_with_mmcif_content(tmp_path):
+    p = tmp_path / "actually_cif.pdb"
+    p.write_bytes(shared("mdtraj/8ddg.cif").read_bytes())
+    assert load(p).n_atoms == 64
+
+
+# ----------------------------------------------------------------------------------------------------
+# mmCIF
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_mmcif_8ddg():
+    path = shared("mdtraj/8ddg.cif")
+    s = load(path)
+    t = _mdtraj(path)
+    assert (s.n_atoms, s.n_residues, s.n_frames) == (64, 3, 1)
+    np.testing.assert_allclose(s.coords, t.xyz * 10, atol=1e-3)
+
+
+def test_mmcif_equals_pdb_1a8o():
+    c = load(shared("biopython/1A8O.cif"))
+    p = load(shared("biopython/1A8O.pdb"))
+    assert (c.n_atoms, c.n_residues) == (644, p.n_residues)
+    np.testing.assert_allclose(c.coords, p.coords, atol=1e-3)
+    # (hetero differs: the mmCIF writes the MSE atoms as ATOM, the PDB as HETATM)
+    for field in ("name", "element", "resname", "resid", "chain", "residue_index"):
+        np.testing.assert_array_equal(getattr(c.atoms, field), getattr(p.atoms, field), err_msg=field)
+
+
+def test_mmcif_multimodel_and_mismatch(tmp_path):
+    import gemmi
+
+    st = gemmi.read_structure(str(shared("mdtraj/2EQQ.pdb")))
+    cif = tmp_path / "2eqq.cif"
+    st.make_mmcif_document().write_file(str(cif))
+    s, p = load(cif), load(shared("mdtraj/2EQQ.pdb"))
+    assert (s.n_frames, s.n_atoms) == (20, 423)
+    np.testing.assert_allclose(s.coords, p.coords, atol=1e-3)
+    np.testing.assert_array_equal(load(cif, model=3).coords[0], s.coords[2])
+    # drop one atom from model 2
+    st[1][0][0].remove_atom("CA", "\0")
+    bad = tmp_path / "bad_models.cif"
+    st.make_mmcif_document().write_file(str(bad))
+    _raises(bad, r"bad_models\.cif: model 2 has 422 atoms but model 1 has 423")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Trajectories and objects
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_dcd_with_pdb_top():
+    s = load(ADK_DCD, top=ADK)
+    t = _mdtraj(ADK_DCD, top=str(ADK))
+    assert (s.n_frames, s.n_atoms, s.n_residues) == (98, 3341, 214)
+    np.testing.assert_allclose(s.coords, t.xyz * 10, atol=1e-3)
+    assert s.atoms == load(ADK).atoms
+    np.testing.assert_array_equal(load(ADK_DCD, top=ADK, frames=7).coords[0], s.coords[7])
+    np.testing.assert_array_equal(load(ADK_DCD, top=load(ADK), frames=[1, 3]).coords, s.coords[[1, 3]])
+
+
+def test_xtc_units_box_time():
+    top = shared("mdtraj/native.pdb")
+    xtc = shared("mdtraj/frame0.xtc")
+    s = load(xtc, top=top)
+    t = _mdtraj(xtc, top=str(top))
+    assert (s.n_frames, s.n_atoms) == (501, 22)
+    np.testing.assert_allclose(s.coords, t.xyz * 10, atol=1e-3)
+    np.testing.assert_allclose(s.box, t.unitcell_vectors * 10, atol=1e-3)
+    np.testing.assert_allclose(s.time, t.time)
+    assert s.box.shape == (501, 3, 3) and s.box.dtype == np.float32
+    last = load(xtc, top=load(top), frames=-1)
+    np.testing.assert_array_equal(last.coords[0], s.coords[-1])
+
+
+def test_xtc_1am7():
+    s = load(shared("mdtraj/1am7_corrected.xtc"), top=shared("mdtraj/1am7_protein.pdb"))
+    t = _mdtraj(shared("mdtraj/1am7_corrected.xtc"), top=str(shared("mdtraj/1am7_protein.pdb")))
+    assert (s.n_frames, s.n_atoms) == (t.n_frames, 2504)
+    np.testing.assert_allclose(s.coords, t.xyz * 10, atol=1e-3)
+
+
+def test_self_contained_gro(tmp_path):
+    t = _mdtraj(shared("mdtraj/frame0.xtc"), top=str(shared("mdtraj/native.pdb")))[:3]
+    gro = tmp_path / "three.gro"
+    t.save_gro(str(gro))
+    s = load(gro)
+    assert (s.n_frames, s.n_atoms) == (3, 22)
+    np.testing.assert_allclose(s.coords, t.xyz * 10, atol=0.01)  # .gro keeps 1e-3 nm
+    assert s.box is not None
+
+
+def test_top_as_mdtraj_topology():
+    top = _mdtraj(shared("mdtraj/native.pdb")).topology
+    s = load(shared("mdtraj/frame0.xtc"), top=top)
+    assert (s.n_frames, s.n_atoms, s.n_residues) == (501, 22, 3)
+
+
+def test_mdtraj_object():
+    t = _mdtraj(ADK_DCD, top=str(ADK))[:5]
+    s = load(t)
+    assert (s.n_frames, s.n_atoms, s.n_residues) == (5, 3341, 214)
+    np.testing.assert_allclose(s.coords, t.xyz * 10, atol=1e-4)
+    # mdtraj has no chain ids for a blank chain: letters by chain index; segids survive
+    assert set(s.atoms.chain) == {"A"} and set(s.atoms.segid) == {"4AKE"}
+    assert s.select_indices("ca").size == 214
+
+
+def test_biopython_objects():
+    from Bio.PDB import PDBParser
+
+    path = shared("mdtraj/2EQQ.pdb")
+    bio = PDBParser(QUIET=True).get_structure("2eqq", str(path))
+    ref = load(path)
+    s = load(bio)
+    assert (s.n_frames, s.n_atoms) == (20, 423)
+    np.testing.assert_allclose(s.coords, ref.coords, atol=1e-4)
+    for field in ("name", "element", "resname", "resid", "chain", "residue_index"):
+        np.testing.assert_array_equal(getattr(s.atoms, field), getattr(ref.atoms, field), err_msg=field)
+    m = load(bio[3])
+    np.testing.assert_allclose(m.coords[0], ref.coords[3], atol=1e-4)
+    c = load(bio[0]["A"])
+    assert c.n_atoms == 423
+    bio[3]["A"].child_list[0].detach_child("CA")
+    with pytest.raises(InputError, match="model 4 has 422 atoms but model 1 has 423"):
+        load(bio)
+    with pytest.raises(InputError, match="level"):
+        load(bio[0]["A"].child_list[0])
+
+
+def test_structure_passthrough_and_array():
+    s = load(ADK)
+    assert load(s) is s
+    assert load(s, frames=0).n_frames == 1
+    a = load(np.zeros((2, 5, 3)))
+    assert (a.n_frames, a.n_atoms) == (2, 5)
+
+
+def test_list_of_paths_stacks(tmp_path):
+    s = load([ADK, ADK_CLOSED])
+    assert (s.n_frames, s.n_atoms) == (2, 3341)
+    np.testing.assert_array_equal(s.coords[1], load(ADK_CLOSED).coords[0])
+    other = tmp_path / "short.pdb"
+    other.write_text("\n".join(ADK.read_text().splitlines()[:50]) + "\n")
+    with pytest.raises(InputError, match="short.pdb: atoms differ from"):
+        load([ADK, other])
+    with pytest.raises(InputError, match="empty list"):
+        load([])
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.text(alphabet=" ABCxyz019'-*", min_size=4, max_size=4), min_size=1, max_size=20))
+def test_vectorised_column_decoding_equals_str_strip(rows):
+    from protgpu.io import _decode_rows
+
+    raw = np.frombuffer("".join(rows).encode("latin-1"), dtype=np.uint8).reshape(-1, 4)
+    assert _decode_rows(raw).tolist() == [r.strip() for r in rows]
+    assert _decode_rows(raw, upper=True, strip=False).tolist() == [r.upper() for r in rows]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Bad input: one-line InputError naming the file
+# ----------------------------------------------------------------------------------------------------
+
+
+def _raises(path, pattern, **kw):
+    with pytest.raises(InputError, match=pattern) as err:
+        load(path, **kw)
+    msg = str(err.value)
+    assert Path(path).name in msg and "\n" not in msg, msg
+    assert isinstance(err.value, ValueError)
+    return msg
+
+
+def test_missing_file(tmp_path):
+    _raises(tmp_path / "nope.pdb", "no such file")
+
+
+def test_directory(tmp_path):
+    d = tmp_path / "dir.pdb"
+    d.mkdir()
+    _raises(d, "is a directory")
+
+
+def test_empty_file(tmp_path):
+    p = tmp_path / "empty.pdb"
+    p.write_bytes(b"")
+    _raises(p, "file is empty")
+    g = tmp_path / "empty.pdb.gz"
+    g.write_bytes(gzip.compress(b""))
+    _raises(g, "empty")
+
+
+def test_garbage_text_and_binary(tmp_path):
+    p = tmp_path / "garbage.pdb"
+    p.write_text("hello\nthis is not a structure\n")
+    _raises(p, "no ATOM/HETATM records")
+    b = tmp_path / "binary.pdb"
+    b.write_bytes(bytes(range(256)) * 10)
+    _raises(b, "no ATOM/HETATM records")
+    c = tmp_path / "garbage.cif"
+    c.write_text("this is not cif\n")
+    _raises(c, "garbage.cif: cannot read mmCIF")
+    z = tmp_path / "bad.pdb.gz"
+    z.write_bytes(b"not gzip at all")
+    _raises(z, "not a valid gzip")
+
+
+def test_truncated_pdb_reports_line(tmp_path):
+    lines = ADK.read_text().splitlines()
+    p = tmp_path / "trunc.pdb"
+    # the file stops in the middle of line 40 (the 36th ATOM record)
+    p.write_text("\n".join(lines[:39]) + "\n" + lines[39][:40])
+    _raises(p, r"trunc\.pdb: line 40: truncated ATOM/HETATM record")
+
+
+def test_bad_coordinate_reports_line(tmp_path):
+    lines = ADK.read_text().splitlines()
+    lines[10] = lines[10][:30] + "  12.xyz" + lines[10][38:]
+    p = tmp_path / "badnum.pdb"
+    p.write_text("\n".join(lines) + "\n")
+    _raises(p, r"line 11: bad coordinate '12.xyz'")
+
+
+def test_nan_coordinates(tmp_path):
+    lines = ADK.read_text().splitlines()
+    idx = next(i for i, ln in enumerate(lines) if ln.startswith("ATOM")) + 3  # the 4th atom
+    lines[idx] = lines[idx][:38] + "     nan" + lines[idx][46:]
+    p = tmp_path / "nan.pdb"
+    p.write_text("\n".join(lines) + "\n")
+    _raises(p, r"nan\.pdb: non-finite coordinate .* frame 0, atom 3")
+
+
+def test_model_atom_count_mismatch(tmp_path):
+    atoms = [ln for ln in ADK.read_text().splitlines() if ln.startswith("ATOM")]
+    text = "MODEL        1\n" + "\n".join(atoms[:30]) + "\nENDMDL\nMODEL        2\n" + "\n".join(atoms[:29])
+    p = tmp_path / "models.pdb"
+    p.write_text(text + "\nENDMDL\nEND\n")
+    _raises(p, r"models\.pdb: model 2 has 29 atoms but model 1 has 30")
+    swapped = atoms[:28] + [atoms[29], atoms[28]]
+    text = "MODEL        1\n" + "\n".join(atoms[:30]) + "\nENDMDL\nMODEL        2\n" + "\n".join(swapped)
+    q = tmp_path / "order.pdb"
+    q.write_text(text + "\nENDMDL\nEND\n")
+    _raises(q, r"order\.pdb: model 2 atom 28 is")
+
+
+def test_unknown_extension_lists_supported(tmp_path):
+    p = tmp_path / "thing.xyzzy"
+    p.write_text("ATOM\n")
+    msg = _raises(p, "unknown file extension '.xyzzy'; supported: .pdb")
+    assert ".cif" in msg and ".xtc" in msg and ".dcd" in msg
+
+
+def test_trajectory_without_top():
+    _raises(ADK_DCD, r"adk_dims\.dcd: a \.dcd trajectory holds no topology; pass top=")
+
+
+def test_trajectory_with_wrong_top():
+    _raises(ADK_DCD, r"adk_dims\.dcd: cannot read trajectory.*topology has 22 atoms", top=shared("mdtraj/native.pdb"))
+
+
+def test_trajectory_frame_out_of_range():
+    with pytest.raises(InputError, match="adk_dims.dcd"):
+        load(ADK_DCD, top=ADK, frames=500)
+
+
+def test_garbage_trajectory(tmp_path):
+    p = tmp_path / "junk.xtc"
+    p.write_bytes(b"\x00\x01garbage" * 100)
+    _raises(p, r"junk\.xtc: cannot read trajectory", top=ADK)
+
+
+def test_bad_source_type():
+    with pytest.raises(InputError, match="cannot load an object of type dict"):
+        load({"a": 1})
+
+
+# ----------------------------------------------------------------------------------------------------
+# Atomic writes
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_save_array_npy_and_npz(tmp_path):
+    a = np.arange(12.0).reshape(3, 4)
+    out = save_array(tmp_path / "a.npy", a)
+    np.testing.assert_array_equal(np.load(out), a)
+    save_array(tmp_path / "b.npz", {"x": a, "y": np.arange(3)})
+    with np.load(tmp_path / "b.npz") as z:
+        assert sorted(z.files) == ["x", "y"]
+        np.testing.assert_array_equal(z["x"], a)
+    save_array(tmp_path / "c.npz", a)
+    with np.load(tmp_path / "c.npz") as z:
+        np.testing.assert_array_equal(z["arr_0"], a)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy", "b.npz", "c.npz"]  # no temp files
+    mode = stat.S_IMODE(os.stat(tmp_path / "a.npy").st_mode)
+    assert mode & 0o044 or os.umask(os.umask(0)) & 0o044  # readable like a plain open() would make it
+    with pytest.raises(InputError, match="needs a .npz"):
+        save_array(tmp_path / "d.npy", {"x": a})
+    with pytest.raises(InputError, match="unsupported output suffix '.txt'"):
+        save_array(tmp_path / "e.txt", a)
+
+
+def test_write_atomic_keeps_old_file_on_error(tmp_path):
+    dest = tmp_path / "out.npy"
+    save_array(dest, np.zeros(3))
+
+    def boom(tmp):
+        Path(tmp).write_bytes(b"partial")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_atomic(dest, boom)
+    np.testing.assert_array_equal(np.load(dest), np.zeros(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["out.npy"]
+
+
+def test_write_atomic_missing_directory(tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        write_atomic(tmp_path / "no" / "x.npy", lambda tmp: None)
+
+
+def test_import_is_light():
+    import subprocess
+    import sys
+
+    code = "import protgpu.io, protgpu.structure, sys; print(any(m in sys.modules for m in ('mdtraj', 'Bio', 'gemmi')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_load_returns_structure_type():
+    assert isinstance(load(ADK), Structure)
