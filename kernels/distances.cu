@@ -7,10 +7,6 @@
 // per element hide under the memory-bound stores. The NumPy twin does the same arithmetic.
 #include "common.cuh"
 
-#ifndef COLS_PER_THREAD
-#define COLS_PER_THREAD 4
-#endif
-
 template <typename T> struct pg_acc { typedef T type; };
 template <> struct pg_acc<float> { typedef double type; };
 
@@ -22,28 +18,64 @@ __device__ __forceinline__ T pg_distance(const T* a, const T* b, const double* b
     return pg_sqrt<T>((T)(dx * dx + dy * dy + dz * dz));
 }
 
-// One block row = one (frame, i); threads run along j so that the stores of a warp are contiguous.
+// One block = ROWS_PER_BLOCK rows (i) of one frame; each thread owns 4 consecutive columns (j), loads
+// their coordinates once and reuses them for every row, and writes each row's 4 results as one
+// 16-byte streaming store when the row is 16-byte aligned (m % 4 == 0 for float), else 4 scalar
+// stores. The stores of a warp cover 512 contiguous bytes of a row.
 //   x: (F, N, 3), y: (Fy, M, 3) with Fy = F (y_frame_step = 1) or 1 (y_frame_step = 0)
 //   box, inv: (Fb, 9) doubles with Fb = F (box_step = 1) or 1 (box_step = 0); ignored when pbc == 0
-//   out: (F, N, M)
+//   out: (F, N, M); grid.x = F * ceil(N / ROWS_PER_BLOCK)
+#ifndef ROWS_PER_BLOCK
+#define ROWS_PER_BLOCK 8
+#endif
+
+template <typename T> struct pg_vec4 { static const bool ok = false; };
+template <> struct pg_vec4<float> { static const bool ok = true; };
+
 template <typename T>
 __device__ void distance_matrix(const T* __restrict__ x, const T* __restrict__ y, const double* __restrict__ box,
                                 const double* __restrict__ inv, T* __restrict__ out, int n_frames, int n, int m,
                                 int y_frame_step, int box_step, int pbc) {
-    const i64 row = blockIdx.x;  // f * n + i
-    const int f = (int)(row / n);
+    const int tiles = (n + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
+    const int f = blockIdx.x / tiles;
     if (f >= n_frames) return;
-    const T* xi = x + row * 3;
-    const T a[3] = {xi[0], xi[1], xi[2]};
+    const int i0 = (blockIdx.x - f * tiles) * ROWS_PER_BLOCK;
+    const int rows = min(ROWS_PER_BLOCK, n - i0);
+    const T* xf = x + ((i64)f * n + i0) * 3;
     const T* yf = y + (i64)f * y_frame_step * m * 3;
     const double* bf = box + (i64)f * box_step * 9;
     const double* inf = inv + (i64)f * box_step * 9;
-    T* orow = out + row * m;
-    const int j0 = blockIdx.y * blockDim.x * COLS_PER_THREAD + threadIdx.x;
+    T* of = out + ((i64)f * n + i0) * m;
+    const bool vec = pg_vec4<T>::ok && (m % 4 == 0);
+    for (int j0 = 4 * (blockIdx.y * blockDim.x + threadIdx.x); j0 < m; j0 += 4 * blockDim.x * gridDim.y) {
+        T yc[4][3];
 #pragma unroll
-    for (int c = 0; c < COLS_PER_THREAD; ++c) {
-        const int j = j0 + c * blockDim.x;
-        if (j < m) orow[j] = pg_distance<T>(a, yf + 3 * (i64)j, bf, inf, pbc);
+        for (int c = 0; c < 4; ++c) {
+            const int j = min(j0 + c, m - 1);  // clamp: the extra columns are computed, never stored
+            yc[c][0] = yf[3 * (i64)j];
+            yc[c][1] = yf[3 * (i64)j + 1];
+            yc[c][2] = yf[3 * (i64)j + 2];
+        }
+#pragma unroll 4
+        for (int r = 0; r < rows; ++r) {
+            const T a[3] = {xf[3 * r], xf[3 * r + 1], xf[3 * r + 2]};
+            T d[4];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) d[c] = pg_distance<T>(a, yc[c], bf, inf, pbc);
+            T* o = of + (i64)r * m + j0;
+            bool stored = false;
+            if constexpr (pg_vec4<T>::ok) {
+                if (vec) {  // j0 + 3 < m holds here because m % 4 == 0
+                    __stcs(reinterpret_cast<float4*>(o), make_float4(d[0], d[1], d[2], d[3]));
+                    stored = true;
+                }
+            }
+            if (!stored) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c)
+                    if (j0 + c < m) o[c] = d[c];
+            }
+        }
     }
 }
 

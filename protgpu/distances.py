@@ -65,7 +65,10 @@ def normalize_box(box, n_frames: int, dtype=np.float64):
     Parameters
     ----------
     box : array_like or None
-        (3,) or (frames, 3) orthorhombic lengths, or (3, 3) / (frames, 3, 3) box vectors, Angstrom.
+        (3,) or (frames, 3) orthorhombic lengths, or (3, 3) / (frames, 3, 3) box vectors (rows a, b,
+        c), Angstrom. A (3, 3) array is always one box's vectors; with exactly 3 frames, per-frame
+        lengths must be given as (3, 1, 3), and a (3, 3) array that is not lower triangular is refused
+        as ambiguous.
     n_frames : int
 
     Returns
@@ -78,11 +81,17 @@ def normalize_box(box, n_frames: int, dtype=np.float64):
     if box is None:
         return None, None, PBC_NONE
     b = np.asarray(to_numpy(box), dtype=np.float64)
-    if b.shape in ((3,), (n_frames, 3)):
+    if b.shape == (3, 3) and n_frames == 3 and np.any(b[[0, 0, 1], [1, 2, 2]] != 0):
+        # (3, 3) means one box's vectors; with 3 frames it could also be per-frame lengths. Box
+        # vectors from MD engines are lower triangular; anything else here is refused, not guessed.
+        raise InputError("box of shape (3, 3) with 3 frames is ambiguous: pass box vectors as (1, 3, 3) "
+                         "or (3, 3, 3), per-frame lengths as (3, 1, 3)")
+    per_frame_lengths = b.shape == (n_frames, 1, 3) or (b.shape == (n_frames, 3) and n_frames != 3)
+    if b.shape == (3,) or per_frame_lengths:
         lengths = b.reshape(-1, 3)
         vec = np.zeros((lengths.shape[0], 3, 3))
         vec[:, [0, 1, 2], [0, 1, 2]] = lengths
-    elif b.shape in ((3, 3), (n_frames, 3, 3)):
+    elif b.shape in ((3, 3), (1, 3, 3), (n_frames, 3, 3)):
         vec = b.reshape(-1, 3, 3).copy()
     else:
         raise InputError(
@@ -231,7 +240,7 @@ def distances_numpy(x, y=None, *, pairs=None, box=None, out=None):
 # CUDA path
 
 _BLOCK = 256
-_COLS_PER_THREAD = 4
+_ROWS_PER_BLOCK = 8  # rows of the matrix per block; each thread writes 4 consecutive columns of each
 
 
 def _distances_cuda(x, y, pairs, box, out_host):
@@ -262,7 +271,10 @@ def _distances_cuda(x, y, pairs, box, out_host):
         yy = x if y is None else y
         m = yy.shape[1]
         y_step = 1 if len(yy) > 1 else 0
-        h = _cuda.get_kernel("distances", f"distance_matrix_{suffix}", {"COLS_PER_THREAD": _COLS_PER_THREAD})
+        h = _cuda.get_kernel("distances", f"distance_matrix_{suffix}", {"ROWS_PER_BLOCK": _ROWS_PER_BLOCK})
+        # one thread per 4 columns, in whole warps, at most _BLOCK threads (they loop over wider rows)
+        threads = int(min(_BLOCK, max(32, -(-((m + 3) // 4) // 32) * 32)))
+        tiles = -(-n // _ROWS_PER_BLOCK)
         per_frame = n * m * itemsize
     shape = _out_shape(n_frames, n, m, pairs)
     chunk = rows_per_chunk(per_frame, n_frames, device_budget_bytes())
@@ -283,8 +295,7 @@ def _distances_cuda(x, y, pairs, box, out_host):
                 _cuda.launch(h, grid, _BLOCK, x[f0:f1], pairs_d, bx, ix, dst, nf, n, k, box_step, mode)
         else:
             yf = yy[f0:f1] if y_step else yy
-            col_blocks = (m + _BLOCK * _COLS_PER_THREAD - 1) // (_BLOCK * _COLS_PER_THREAD)
-            _cuda.launch(h, (nf * n, col_blocks), _BLOCK, x[f0:f1], yf, bx, ix, dst, nf, n, m, y_step, box_step, mode)
+            _cuda.launch(h, nf * tiles, threads, x[f0:f1], yf, bx, ix, dst, nf, n, m, y_step, box_step, mode)
         if result is None:
             out_host[f0:f1] = dst.get()
     return result if result is not None else out_host

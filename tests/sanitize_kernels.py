@@ -29,7 +29,21 @@ def check_distances() -> None:
     print("distances: ok")
 
 
-SECTIONS = {"distances": check_distances}
+def _from_test_module(module: str, function: str):
+    """A sanitizer section that lives beside its GPU tests (tests/<module>.py)."""
+    def run() -> None:
+        import importlib
+        import os
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        getattr(importlib.import_module(module), function)()
+    return run
+
+
+SECTIONS = {
+    "distances": check_distances,
+    "attention": _from_test_module("test_attention_gpu", "check_attention_for_sanitizer"),
+}
 
 
 def main(argv: list[str]) -> int:

@@ -185,6 +185,15 @@ def test_periodic_distance_never_exceeds_plain_and_matches_images(x, a, b, c):
     np.testing.assert_allclose(d, brute_force(x, box=np.diag(box)), atol=1e-8)
 
 
+def test_three_frame_box_ambiguity_is_refused_not_guessed():
+    with pytest.raises(InputError, match="ambiguous"):
+        normalize_box(np.full((3, 3), 50.0), 3)
+    vec, _, mode = normalize_box(np.array([[40.0, 0, 0], [13, 37, 0], [-13, 18, 32]]), 3)  # lower triangular
+    assert mode == 2 and vec.shape == (1, 3, 3)
+    vec, _, mode = normalize_box(np.array([[[50.0, 60, 70]], [[50, 60, 70]], [[51, 61, 71]]]), 3)
+    assert mode == 1 and vec.shape == (3, 3, 3) and vec[2, 2, 2] == 71
+
+
 def test_normalize_box_forms():
     vec, inv, mode = normalize_box([10, 20, 30], 4)
     assert mode == 1 and vec.shape == (1, 3, 3)

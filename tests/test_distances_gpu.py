@@ -30,8 +30,8 @@ def test_self_matrix_parity_on_real_structure(gpu, datasets, dtype):
 
 def test_cupy_in_cupy_out_and_cross(gpu, datasets):
     s = pg.load(datasets / "adk_open.pdb")
-    a = gpu.asarray(s.coords[:, :500])
-    b = gpu.asarray(s.coords[:, 2000:2900])
+    a = gpu.asarray(s.coords[0, :500])
+    b = gpu.asarray(s.coords[0, 2000:2900])
     got = pg.distances(a, b)
     assert isinstance(got, gpu.ndarray) and got.shape == (500, 900)
     assert float(gpu.max(gpu.abs(got - gpu.asarray(_ref64(s.coords[:, :500], s.coords[:, 2000:2900])[0])))) < 1e-4
@@ -77,24 +77,28 @@ def test_torch_cuda_round_trip(gpu):
     assert float((got.double() - ref).abs().max()) < 1e-4
 
 
-def test_cols_per_thread_does_not_change_results(gpu):
-    """Tile-size independence: the kernel's COLS_PER_THREAD knob."""
+@pytest.mark.parametrize("m", [333, 1000])  # 333: the scalar-store path; 1000: float4 stores
+def test_rows_per_block_does_not_change_results(gpu, m):
+    """Tile-size independence: the kernel's ROWS_PER_BLOCK knob (and the launch geometry with it)."""
     import cupy
 
     from protgpu import _cuda
 
     rng = np.random.default_rng(3)
     x = cupy.asarray(rng.normal(scale=30, size=(2, 333, 3)).astype(np.float32))
+    y = cupy.asarray(rng.normal(scale=30, size=(2, m, 3)).astype(np.float32))
     zeros = cupy.zeros((1, 9), np.float64)
     results = []
-    for cols in (1, 2, 4, 8):
-        h = _cuda.get_kernel("distances", "distance_matrix_f32", {"COLS_PER_THREAD": cols})
-        out = cupy.empty((2, 333, 333), np.float32)
-        blocks = (333 + 128 * cols - 1) // (128 * cols)
-        _cuda.launch(h, (2 * 333, blocks), 128, x, x, zeros, zeros, out, 2, 333, 333, 0, 0, 0)
+    for rows in (1, 3, 8, 16):
+        h = _cuda.get_kernel("distances", "distance_matrix_f32", {"ROWS_PER_BLOCK": rows})
+        out = cupy.empty((2, 333, m), np.float32)
+        tiles = (333 + rows - 1) // rows
+        _cuda.launch(h, 2 * tiles, 128, x, y, zeros, zeros, out, 2, 333, m, 1, 0, 0)
         results.append(out.get())
     for r in results[1:]:
         np.testing.assert_array_equal(r, results[0])
+    ref = distances_numpy(x.get(), y.get())
+    np.testing.assert_allclose(results[0], ref, atol=1e-5)
 
 
 def test_launch_rejects_wrong_argument_types(gpu):
