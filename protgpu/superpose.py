@@ -1,0 +1,1309 @@
+"""RMSD after optimal superposition, the superposition itself, and all-vs-all RMSD matrices (QCP).
+
+Three layers, as everywhere in protgpu: the public functions :func:`rmsd`, :func:`superpose` and
+:func:`pairwise_rmsd` (validate, pick the backend, convert back); the NumPy twins
+:func:`_rmsd_numpy` and :func:`_pairwise_numpy` (the specification, and the CPU path); and the CUDA
+path (``kernels/qcp.cu`` plus cuBLAS through :func:`protgpu._cuda.blas.matmul`).
+
+The method is Theobald's quaternion characteristic polynomial (QCP; Theobald 2005, Liu, Agrafiotis and
+Theobald 2010), as ``SCORING.md`` defines it:
+
+1. centre both coordinate sets (weighted centroids when weights are given);
+   ``G_A = sum w |x|^2``, ``G_B = sum w |y|^2``, ``M = sum w x y^T`` (3 x 3, ``x`` mobile, ``y``
+   reference);
+2. the largest eigenvalue ``l_max`` of the 4 x 4 key matrix ``K(M)`` is the largest root of
+   ``l^4 + C2 l^2 + C1 l + C0``; Newton's method from an upper bound of ``l_max`` finds it, always
+   in float64;
+3. ``RMSD = sqrt(max(0, (G_A + G_B - 2 l_max) / W))`` with ``W = sum w`` (the atom count when
+   unweighted);
+4. the rotation is the unit quaternion along a column of ``adj(K - l_max I)``.
+
+Accuracy decisions (all shared, constant for constant, by the NumPy twin and the kernel):
+
+* ``G`` and ``M`` are accumulated in float64 from centred coordinates, whatever the input dtype, so
+  that ``G_A + G_B - 2 l_max`` (which cancels to ~0 for near-identical structures) loses only float64
+  rounding: self-RMSD comes out near 1e-7 Angstrom rather than MDTraj's ~4e-3.
+* Newton's iteration starts from ``hi = min((G_A + G_B) / 2, sqrt(3) |M|_F)`` (both upper bounds of
+  ``l_max``; the second saves ~8 steps for dissimilar structures), only ever moves down, and stops at
+  the first step that is not larger than ``1e-14 (G_A + G_B) / 2``. It takes no step where
+  ``P'(l) <= 1e-8 hi^3``: at a (nearly) repeated root P and P' are both rounding noise and the step
+  could land anywhere.
+* The adjugate column used is the one of largest norm (Liu 2010 tries the next column when the first
+  is tiny; taking the largest is the same idea, and the best-conditioned choice). When even that
+  column is below ``1e-3 hi^3``, ``l_max`` is within ~1e-3 hi of a second eigenvalue (collinear or
+  nearly collinear atoms, two atoms, some mirror images), where rounding noise would mix the
+  eigenvectors of the close eigenvalues; the quaternion then comes from a cyclic Jacobi
+  eigen-decomposition of ``K``, which resolves eigenvalues to ``eps |K|`` whatever their
+  multiplicity. The rotation is always proper (determinant +1) and never NaN for finite input.
+* For :func:`rmsd` and :func:`superpose` (which compute the rotation anyway), ``l_max`` is replaced
+  by the Rayleigh quotient ``q^T K q`` of the returned quaternion: the reported RMSD is then exactly
+  that of the returned superposition, and it is second-order accurate even where Newton is not.
+  :func:`pairwise_rmsd` takes the Newton value, and refines it the same way only for the rare pairs
+  at a near-repeated root (Newton needed more than 12 steps, or ``|P'(l)| < 1e-3 hi^3`` where it
+  stopped); real protein conformations never need it.
+
+Conventions: Angstrom; a rotation ``R`` (frames, 3, 3) and translation ``t`` (frames, 3) map mobile
+coordinates onto the reference as ``aligned = mobile @ R.T + t`` (``R @ x_i + t`` for each atom).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ._array import dispatch, is_cupy_array, to_numpy
+from ._memory import check_host_fits, device_budget_bytes, format_bytes, rows_per_chunk
+from .errors import InputError, MemoryBudgetError
+
+__all__ = ["SuperposeResult", "pairwise_rmsd", "rmsd", "superpose"]
+
+# Numerical constants of the QCP step. They are passed to kernels/qcp.cu as #defines, so that the
+# NumPy twin and the kernel always take the same branches; the .cu file holds the same defaults.
+_MAX_ITERS = 60  # Newton steps at most (a double root converges linearly: ~50 halvings to eps)
+_SLOW_ITERS = 12  # more steps than this means a near-repeated root: refine by the Rayleigh quotient
+_NEWTON_RTOL = 1e-14  # stop when a step is at most this fraction of (G_A + G_B) / 2
+# Scale: hi = min((G_A + G_B) / 2, sqrt(3) |M|_F), the Newton start (an upper bound of l_max).
+_NEWTON_FLAT = 1e-8  # no Newton step where P' <= this * hi^3: P, P' are rounding noise there
+# Adjugate column norm (or |P'(l)|) below this * hi^3: l_max is within ~1e-3 hi of a second eigenvalue,
+# where rounding noise (~eps hi^4 / |P'| in l) could mix the two eigenvectors; Jacobi resolves the
+# eigenvalues to eps |K| whatever their multiplicity.
+_ADJ_TINY = 1e-3
+_JACOBI_SWEEPS = 10  # cyclic Jacobi sweeps on the 4 x 4 key matrix (converges in ~5)
+
+# Pair kernel output modes (bit flags; same values in qcp.cu).
+_MIRROR, _ZERO_DIAG, _UPPER_ONLY, _CONDENSED = 1, 2, 4, 8
+
+# Host-side working set of one CPU tile or frame chunk (the QCP temporaries are ~30 float64 per pair).
+_CPU_CHUNK_BYTES = 96 << 20
+_CPU_TILE = 512
+_CACHE_CHUNK_BYTES = 8 << 20
+
+
+class SuperposeResult(NamedTuple):
+    """What :func:`superpose` returns.
+
+    Attributes
+    ----------
+    coords : array, shape (frames, atoms, 3)
+        All atoms of ``mobile`` moved onto the reference, Angstrom; float32 for float32 input (and
+        Structures), else float64; same array type as the input.
+    rotation : array, shape (frames, 3, 3), float64
+        Proper rotations (determinant +1).
+    translation : array, shape (frames, 3), float64
+        Angstrom; ``coords = mobile @ rotation.T + translation`` per frame.
+    rmsd : array, shape (frames,), float64
+        RMSD after superposition over the measured atoms (``atoms=``, default the fitted ones).
+    """
+
+    coords: Any
+    rotation: Any
+    translation: Any
+    rmsd: Any
+
+
+# ==================================================================================================
+# QCP core, vectorised (NumPy). Every function takes arrays of any (equal) shape, float64.
+
+
+def _key_matrix(s):
+    """The 10 distinct entries of the symmetric 4 x 4 key matrix K from the 9 entries of M.
+
+    ``s`` is a sequence of 9 arrays ``Sxx, Sxy, Sxz, Syx, Syy, Syz, Szx, Szy, Szz``
+    (``S_ab = sum w x_a y_b``). Returns ``(k00, k01, k02, k03, k11, k12, k13, k22, k23, k33)``.
+    """
+    sxx, sxy, sxz, syx, syy, syz, szx, szy, szz = s
+    return (
+        sxx + syy + szz, syz - szy, szx - sxz, sxy - syx,
+        sxx - syy - szz, sxy + syx, szx + sxz,
+        -sxx + syy - szz, syz + szy,
+        -sxx - syy + szz,
+    )
+
+
+def _det4_sym(k):
+    """det of a symmetric 4 x 4 matrix from its 10 distinct entries, by complementary 2 x 2 minors of
+    rows (0, 1) and (2, 3) (Laplace expansion)."""
+    k00, k01, k02, k03, k11, k12, k13, k22, k23, k33 = k
+    s0 = k00 * k11 - k01 * k01
+    s1 = k00 * k12 - k01 * k02
+    s2 = k00 * k13 - k01 * k03
+    s3 = k01 * k12 - k11 * k02
+    s4 = k01 * k13 - k11 * k03
+    s5 = k02 * k13 - k12 * k03
+    c5 = k22 * k33 - k23 * k23
+    c4 = k12 * k33 - k13 * k23
+    c3 = k12 * k23 - k13 * k22
+    c2 = k02 * k33 - k03 * k23
+    c1 = k02 * k23 - k03 * k22
+    c0 = k02 * k13 - k03 * k12
+    return s0 * c5 - s1 * c4 + s2 * c3 + s3 * c2 - s4 * c1 + s5 * c0
+
+
+def _qcp_coefficients(s):
+    """Coefficients ``C2, C1, C0`` of the characteristic polynomial ``l^4 + C2 l^2 + C1 l + C0`` of
+    K(M), and K itself (10 entries). ``C2 = -2 sum S^2``, ``C1 = -8 det M``, ``C0 = det K``."""
+    sxx, sxy, sxz, syx, syy, syz, szx, szy, szz = s
+    c2 = -2.0 * (sxx * sxx + sxy * sxy + sxz * sxz + syx * syx + syy * syy + syz * syz
+                 + szx * szx + szy * szy + szz * szz)
+    det_m = (sxx * (syy * szz - syz * szy) - sxy * (syx * szz - syz * szx) + sxz * (syx * szy - syy * szx))
+    k = _key_matrix(s)
+    return c2, -8.0 * det_m, _det4_sym(k), k
+
+
+def _qcp_start(c2, lam0):
+    """Newton's start and the problem's scale: the smaller of two upper bounds of ``l_max``,
+    ``(G_A + G_B) / 2`` (tight for similar structures) and the nuclear-norm bound
+    ``sqrt(3) |M|_F = sqrt(-1.5 C2)`` (tight for dissimilar ones, where the first would cost ~15
+    Newton steps instead of ~6). Every term of the quartic is at most ~ this to the 4th power, so it
+    also sets the size of the rounding noise the thresholds below are relative to."""
+    return np.minimum(lam0, np.sqrt(np.maximum(-1.5 * c2, 0.0)))
+
+
+def _newton_step(lam, c2, c1, c0, tol, flat):
+    """One guarded Newton step of the quartic from above: returns ``(new_lam, done)``."""
+    l2 = lam * lam
+    b = (l2 + c2) * lam
+    a = b + c1
+    p = a * lam + c0  # l^4 + C2 l^2 + C1 l + C0, Horner
+    dp = 2.0 * l2 * lam + b + a  # 4 l^3 + 2 C2 l + C1
+    # Where the polynomial is flat (a near-repeated root) P and P' are both rounding noise and a step
+    # could jump anywhere: stop there (the caller refines such entries). Elsewhere a noisy step is at
+    # most ~eps hi^4 / (1e-8 hi^3), far too small to leave the root's neighbourhood.
+    ok = dp > flat
+    with np.errstate(divide="ignore", invalid="ignore"):
+        step = np.where(ok, p / np.where(ok, dp, 1.0), 0.0)
+    # Only downward steps are taken: from the upper bound the iteration approaches the largest root
+    # monotonically, and a non-positive step means rounding noise has been reached.
+    new = np.where(step > 0, lam - step, lam)
+    done = ~ok | ~(step > tol)
+    return new, done
+
+
+def _qcp_newton(c2, c1, c0, lam0, hi):
+    """Largest root of the QCP quartic by Newton's method from ``hi`` (:func:`_qcp_start`).
+
+    Returns ``(lam, iters)``, both of the shape of the inputs (1-D); ``iters`` counts the loop passes,
+    as the kernel does. Converged entries are dropped from the working set as they finish.
+    """
+    lam0 = np.asarray(lam0, dtype=np.float64)
+    lam = np.array(hi, dtype=np.float64)
+    iters = np.full(lam.shape, _MAX_ITERS, dtype=np.int32)
+    lam_flat, it_flat = lam.reshape(-1), iters.reshape(-1)
+    idx = np.arange(lam.size)
+    wc2, wc1, wc0, wl = c2.ravel(), c1.ravel(), c0.ravel(), lam_flat.copy()
+    wtol = _NEWTON_RTOL * np.abs(lam0.ravel())
+    wflat = _NEWTON_FLAT * wl * wl * wl
+    wit = it_flat.copy()
+    active = np.ones(wl.shape, dtype=bool)
+    for it in range(1, _MAX_ITERS + 1):
+        new, done = _newton_step(wl, wc2, wc1, wc0, wtol, wflat)
+        wl = np.where(active, new, wl)  # finished entries stay frozen, as the kernel's threads exit
+        wit[active & done] = it
+        active &= ~done
+        n_active = int(np.count_nonzero(active))
+        if n_active == 0:
+            break
+        # Compacting the working set costs a gather per array; worth it once a good share of the
+        # entries has finished.
+        if 4 * (active.size - n_active) > active.size:
+            fin = ~active
+            lam_flat[idx[fin]] = wl[fin]
+            it_flat[idx[fin]] = wit[fin]
+            keep = (idx, wl, wc2, wc1, wc0, wtol, wflat, wit)
+            idx, wl, wc2, wc1, wc0, wtol, wflat, wit = (v[active] for v in keep)
+            active = np.ones(wl.shape, dtype=bool)
+    lam_flat[idx] = wl
+    it_flat[idx] = wit
+    return lam, iters
+
+
+def _adjugate_rows(k, lam):
+    """The 4 rows (= columns: the matrix is symmetric) of adj(K - lam I), as a list of 4 lists of 4
+    arrays."""
+    k00, k01, k02, k03, k11, k12, k13, k22, k23, k33 = k
+    a00, a11, a22, a33 = k00 - lam, k11 - lam, k22 - lam, k33 - lam
+    a01, a02, a03, a12, a13, a23 = k01, k02, k03, k12, k13, k23
+    # 2 x 2 minors of rows (0, 1) and of rows (2, 3); the adjugate is built from them (cofactor
+    # expansion along complementary minors), 12 minors instead of 16 separate 3 x 3 determinants.
+    s0 = a00 * a11 - a01 * a01
+    s1 = a00 * a12 - a01 * a02
+    s2 = a00 * a13 - a01 * a03
+    s3 = a01 * a12 - a11 * a02
+    s4 = a01 * a13 - a11 * a03
+    s5 = a02 * a13 - a12 * a03
+    c5 = a22 * a33 - a23 * a23
+    c4 = a12 * a33 - a13 * a23
+    c3 = a12 * a23 - a13 * a22
+    c2 = a02 * a33 - a03 * a23
+    c1 = a02 * a23 - a03 * a22
+    c0 = a02 * a13 - a03 * a12
+    r0 = [a11 * c5 - a12 * c4 + a13 * c3, -a01 * c5 + a02 * c4 - a03 * c3,
+          a13 * s5 - a23 * s4 + a33 * s3, -a12 * s5 + a22 * s4 - a23 * s3]
+    r1 = [-a01 * c5 + a12 * c2 - a13 * c1, a00 * c5 - a02 * c2 + a03 * c1,
+          -a03 * s5 + a23 * s2 - a33 * s1, a02 * s5 - a22 * s2 + a23 * s1]
+    r2 = [a01 * c4 - a11 * c2 + a13 * c0, -a00 * c4 + a01 * c2 - a03 * c0,
+          a03 * s4 - a13 * s2 + a33 * s0, -a02 * s4 + a12 * s2 - a23 * s0]
+    r3 = [-a01 * c3 + a11 * c1 - a12 * c0, a00 * c3 - a01 * c1 + a02 * c0,
+          -a03 * s3 + a13 * s1 - a23 * s0, a02 * s3 - a12 * s1 + a22 * s0]
+    return [r0, r1, r2, r3]
+
+
+def _jacobi_top_eigenvector(k):
+    """Unit eigenvector of the largest eigenvalue of K (10 entries, 1-D arrays of length P) by cyclic
+    Jacobi rotations; shape (P, 4). Robust to repeated eigenvalues; same sweeps as the kernel."""
+    n = len(k[0])
+    a = np.empty((n, 4, 4))
+    pos = ((0, 0), (0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3), (2, 2), (2, 3), (3, 3))
+    for (i, j), v in zip(pos, k, strict=True):
+        a[:, i, j] = v
+        a[:, j, i] = v
+    vec = np.broadcast_to(np.eye(4), (n, 4, 4)).copy()
+    for _ in range(_JACOBI_SWEEPS):
+        for p in range(3):
+            for q in range(p + 1, 4):
+                apq = a[:, p, q]
+                nz = apq != 0
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                    theta = (a[:, q, q] - a[:, p, p]) / np.where(nz, 2.0 * apq, 1.0)
+                    big = np.abs(theta) > 1e100
+                    t = np.where(big, 0.5 / theta,
+                                 np.copysign(1.0, theta) / (np.abs(theta) + np.sqrt(theta * theta + 1.0)))
+                t = np.where(nz, t, 0.0)
+                c = 1.0 / np.sqrt(t * t + 1.0)
+                s = t * c
+                # A <- J^T A J with J the rotation by (c, s) in the (p, q) plane; V <- V J.
+                ap, aq = a[:, :, p].copy(), a[:, :, q].copy()
+                a[:, :, p] = c[:, None] * ap - s[:, None] * aq
+                a[:, :, q] = s[:, None] * ap + c[:, None] * aq
+                ap, aq = a[:, p, :].copy(), a[:, q, :].copy()
+                a[:, p, :] = c[:, None] * ap - s[:, None] * aq
+                a[:, q, :] = s[:, None] * ap + c[:, None] * aq
+                vp, vq = vec[:, :, p].copy(), vec[:, :, q].copy()
+                vec[:, :, p] = c[:, None] * vp - s[:, None] * vq
+                vec[:, :, q] = s[:, None] * vp + c[:, None] * vq
+    best = np.argmax(np.diagonal(a, axis1=1, axis2=2), axis=1)
+    return vec[np.arange(n), :, best]
+
+
+def _qcp_quaternion(k, lam, scale):
+    """Unit quaternion (P, 4) of the optimal rotation, from the largest-norm column of
+    adj(K - lam I); Jacobi on K where that column is tiny (repeated ``l_max``)."""
+    rows = _adjugate_rows(k, lam)
+    norms = np.stack([r[0] * r[0] + r[1] * r[1] + r[2] * r[2] + r[3] * r[3] for r in rows])  # (4, P)
+    best = np.argmax(norms, axis=0)
+    ar = np.arange(best.size)
+    q = np.stack([np.stack(r) for r in rows])[best, :, ar]  # (P, 4)
+    nrm2 = norms[best, ar]
+    thr = _ADJ_TINY * scale * scale * scale
+    tiny = ~(nrm2 > thr * thr)  # also catches an all-zero K (scale 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = q / np.sqrt(np.where(tiny, 1.0, nrm2))[:, None]
+    if tiny.any():
+        sub = [v[tiny] for v in k]
+        q[tiny] = _jacobi_top_eigenvector(sub)
+    return q
+
+
+def _rayleigh(k, q):
+    """``q^T K q`` for unit quaternions q (P, 4)."""
+    k00, k01, k02, k03, k11, k12, k13, k22, k23, k33 = k
+    q0, q1, q2, q3 = q[:, 0], q[:, 1], q[:, 2], q[:, 3]
+    return (k00 * q0 * q0 + k11 * q1 * q1 + k22 * q2 * q2 + k33 * q3 * q3
+            + 2.0 * (k01 * q0 * q1 + k02 * q0 * q2 + k03 * q0 * q3 + k12 * q1 * q2 + k13 * q1 * q3
+                     + k23 * q2 * q3))
+
+
+def _quaternion_to_rotation(q):
+    """Rotation matrices (P, 3, 3) of unit quaternions (P, 4) ``(w, x, y, z)``; with K built from
+    ``M = sum x y^T`` they rotate mobile onto reference (``y ~ R x``)."""
+    w, x, y, z = q[:, 0], q[:, 1], q[:, 2], q[:, 3]
+    r = np.empty((len(q), 3, 3))
+    r[:, 0, 0] = w * w + x * x - y * y - z * z
+    r[:, 0, 1] = 2.0 * (x * y - w * z)
+    r[:, 0, 2] = 2.0 * (x * z + w * y)
+    r[:, 1, 0] = 2.0 * (x * y + w * z)
+    r[:, 1, 1] = w * w - x * x + y * y - z * z
+    r[:, 1, 2] = 2.0 * (y * z - w * x)
+    r[:, 2, 0] = 2.0 * (x * z - w * y)
+    r[:, 2, 1] = 2.0 * (y * z + w * x)
+    r[:, 2, 2] = w * w - x * x - y * y + z * z
+    return r
+
+
+def _rmsd_from_lambda(ga, gb, lam, inv_w):
+    """``sqrt(max(0, (G_A + G_B - 2 lam) / W))``; NaN stays NaN."""
+    e = (ga + gb - 2.0 * lam) * inv_w
+    return np.sqrt(np.where(e > 0, e, np.where(np.isnan(e), np.nan, 0.0)))
+
+
+def _qcp_full(m, ga, gb, inv_w):
+    """QCP with the rotation: ``m`` (P, 3, 3) float64, ``ga`` (P,), ``gb`` scalar or (P,).
+
+    Returns ``(rmsd (P,), rotation (P, 3, 3))``; the RMSD is that of the returned rotation
+    (Rayleigh quotient of its quaternion).
+    """
+    s = [m[:, i, j] for i in range(3) for j in range(3)]
+    c2, c1, c0, k = _qcp_coefficients(s)
+    lam0 = 0.5 * (ga + gb)
+    hi = _qcp_start(c2, lam0)
+    lam, _ = _qcp_newton(c2, c1, c0, lam0, hi)
+    q = _qcp_quaternion(k, lam, hi)
+    lam_r = _rayleigh(k, q)
+    return _rmsd_from_lambda(ga, gb, lam_r, inv_w), _quaternion_to_rotation(q)
+
+
+def _qcp_rmsd_only(s, ga, gb, inv_w):
+    """QCP RMSD without the rotation (all-vs-all): ``s`` 9 arrays (P,), ``ga``, ``gb`` (P,).
+
+    Pairs at a near-repeated root (Newton slow, or the polynomial flat at its result) are refined by
+    the Rayleigh quotient of their quaternion, as the kernel does.
+    """
+    c2, c1, c0, k = _qcp_coefficients(s)
+    lam0 = 0.5 * (ga + gb)
+    hi = _qcp_start(c2, lam0)
+    lam, iters = _qcp_newton(c2, c1, c0, lam0, hi)
+    # Near-repeated roots: Newton converged slowly, or it stopped where the polynomial is flat (its
+    # rounding noise then moves l by up to ~eps hi^4 / |P'|). The quaternion path (adjugate, or
+    # Jacobi when the adjugate vanishes) and its Rayleigh quotient are accurate there.
+    flat = ~(np.abs((4.0 * lam * lam + 2.0 * c2) * lam + c1) > _ADJ_TINY * hi * hi * hi)
+    slow = (iters > _SLOW_ITERS) | (flat & (hi > 0))
+    if slow.any():
+        ks = [v[slow] for v in k]
+        q = _qcp_quaternion(ks, lam[slow], hi[slow])
+        lam[slow] = _rayleigh(ks, q)
+    return _rmsd_from_lambda(ga, gb, lam, inv_w)
+
+
+# ==================================================================================================
+# Inputs
+
+
+def _is_structure(x) -> bool:
+    return hasattr(x, "coords") and hasattr(x, "select_indices") and hasattr(x, "atoms")
+
+
+def _source(x, what: str) -> str:
+    return getattr(x, "source", None) or what
+
+
+def _frames_of(obj, what: str):
+    """``(coords, structure, name)``: coordinates (any array type, (F, N, 3) or (N, 3)) of a
+    Structure, a list of Structures (stacked as frames), an mdtraj Trajectory (nm -> Angstrom) or an
+    array."""
+    if _is_structure(obj):
+        return obj.coords, obj, _source(obj, what)
+    if isinstance(obj, (list, tuple)) and obj and all(_is_structure(s) for s in obj):
+        n = {s.n_atoms for s in obj}
+        if len(n) != 1:
+            raise InputError(f"{what}: the structures in the list have different atom counts {sorted(n)}")
+        return np.concatenate([s.coords for s in obj]), obj[0], _source(obj[0], what)
+    if (type(obj).__module__ or "").startswith("mdtraj") and hasattr(obj, "xyz"):
+        return np.asarray(obj.xyz, dtype=np.float32) * np.float32(10.0), None, what
+    return obj, None, what
+
+
+def _check_shape(shape, name: str):
+    if len(shape) not in (2, 3) or shape[-1] != 3:
+        raise InputError(f"{name}: coordinates must have shape (atoms, 3) or (frames, atoms, 3), got {tuple(shape)}")
+    if shape[-2] == 0:
+        raise InputError(f"{name}: no atoms")
+    if len(shape) == 3 and shape[0] == 0:
+        raise InputError(f"{name}: no frames")
+
+
+def _host_coords(x, name: str):
+    """A NumPy view of host input (for validation) or None for device arrays."""
+    if is_cupy_array(x) or (hasattr(x, "is_cuda") and getattr(x, "is_cuda", False)):
+        return None
+    if hasattr(x, "detach"):
+        return x.detach().numpy()
+    a = np.asarray(x)
+    if a.dtype.kind not in "fiu":
+        raise InputError(f"{name}: coordinates must be numeric, got dtype {a.dtype}")
+    return a
+
+
+def _check_finite(a: np.ndarray | None, name: str, atoms=None):
+    """InputError naming the first frame with a NaN/inf coordinate (host arrays only: checking device
+    arrays would synchronise the caller's stream; NaN there propagates into NaN results)."""
+    if a is None or a.dtype.kind != "f":
+        return
+    a3 = a if a.ndim == 3 else a[None]
+    if atoms is not None:
+        a3 = a3[:, atoms]
+    bad = ~np.isfinite(a3).all(axis=(1, 2))
+    if bad.any():
+        f = int(np.argmax(bad))
+        raise InputError(f"{name}: NaN or infinite coordinates in frame {f}")
+
+
+def _resolve_selection(sel, struct, n_atoms: int, name: str, kind: str, other=None):
+    """Atom indices (int64) for ``fit=``/``atoms=``: a selection string (needs a Structure; an array
+    input with the same atom count borrows the other input's Structure), an index array or a boolean
+    mask. ``None`` means all atoms."""
+    if sel is None:
+        return None
+    if isinstance(sel, str):
+        src = struct
+        if src is None and other is not None and other.n_atoms == n_atoms:
+            src = other
+        if src is None:
+            raise InputError(f"{kind}={sel!r}: a selection string needs a Structure (protgpu.load) for "
+                             f"{name}, not a bare array; pass atom indices instead")
+        idx = src.select_indices(sel)
+        if idx.size == 0:
+            raise InputError(f"{kind}={sel!r} selects no atoms of {name}")
+        return idx
+    arr = to_numpy(sel)
+    arr = np.asarray(arr)
+    if arr.dtype == bool:
+        if arr.shape != (n_atoms,):
+            raise InputError(f"{kind}: boolean mask has shape {arr.shape}, {name} has {n_atoms} atoms")
+        idx = np.flatnonzero(arr)
+    else:
+        if arr.size and arr.dtype.kind not in "iu":
+            raise InputError(f"{kind}: must be a selection string, an integer index array or a boolean mask")
+        idx = arr.astype(np.int64).reshape(-1)
+        if idx.size and (idx.min() < -n_atoms or idx.max() >= n_atoms):
+            raise InputError(f"{kind}: atom index out of range for {name} ({n_atoms} atoms)")
+        idx = np.where(idx < 0, idx + n_atoms, idx)
+    if idx.size == 0:
+        raise InputError(f"{kind}: the selection is empty")
+    return idx
+
+
+def _resolve_weights(weights, n_full: int, sel, name: str):
+    """Weights (float64) of the selected atoms: ``weights`` has one value per atom of the input, or
+    one per selected atom. ``None`` -> None (unweighted)."""
+    if weights is None:
+        return None
+    w = np.asarray(to_numpy(weights), dtype=np.float64).reshape(-1)
+    n_sel = n_full if sel is None else len(sel)
+    if w.shape == (n_full,):
+        w = w if sel is None else w[sel]
+    elif w.shape != (n_sel,):
+        raise InputError(f"weights has {w.size} values; {name} has {n_full} atoms ({n_sel} selected)")
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise InputError("weights must be finite and non-negative")
+    if not w.sum() > 0:
+        raise InputError("weights of the selected atoms sum to zero")
+    return w
+
+
+class _Prepared(NamedTuple):
+    be: Any
+    mobile: Any  # (F, N, 3) in the input's array library (NumPy for host input)
+    ref: tuple  # (ref_fit (n_fit, 3), ref_meas (n_meas, 3) or None), float64, lined up with mobile
+    fit: np.ndarray | None  # indices into mobile/ref atoms (None: all)
+    meas: np.ndarray | None  # measured atoms (None: same as fit)
+    w_fit: np.ndarray | None
+    w_meas: np.ndarray | None
+    squeeze: bool
+
+
+def _prepare(mobile, reference, fit, atoms, weights, ref_frame, device, *, need_rotation: bool):
+    mob, mob_s, mob_name = _frames_of(mobile, "mobile")
+    ref, ref_s, ref_name = _frames_of(reference, "reference")
+    be = dispatch(mob, device=device)
+    mob_shape = tuple(getattr(mob, "shape", None) or np.shape(mob))
+    _check_shape(mob_shape, mob_name)
+    ref_host = np.asarray(to_numpy(ref))
+    _check_shape(ref_host.shape, ref_name)
+    if ref_host.ndim == 3:
+        nf = ref_host.shape[0]
+        if not -nf <= ref_frame < nf:
+            raise InputError(f"ref_frame={ref_frame} is out of range: {ref_name} has {nf} frames")
+        ref_host = ref_host[ref_frame]
+    elif ref_frame not in (0, -1):
+        raise InputError(f"ref_frame={ref_frame} given but {ref_name} is a single frame")
+    n_mob, n_ref = mob_shape[-2], ref_host.shape[0]
+    fit_m = _resolve_selection(fit, mob_s, n_mob, mob_name, "fit", other=ref_s)
+    fit_r = _resolve_selection(fit, ref_s, n_ref, ref_name, "fit", other=mob_s)
+    meas_m = _resolve_selection(atoms, mob_s, n_mob, mob_name, "atoms", other=ref_s)
+    meas_r = _resolve_selection(atoms, ref_s, n_ref, ref_name, "atoms", other=mob_s)
+    nf_m = n_mob if fit_m is None else len(fit_m)
+    nf_r = n_ref if fit_r is None else len(fit_r)
+    if nf_m != nf_r:
+        raise InputError(f"mobile and reference differ in atom count after the fit selection: "
+                         f"{mob_name} has {nf_m}, {ref_name} has {nf_r}")
+    nm_m = nf_m if atoms is None else len(meas_m)
+    nm_r = nf_r if atoms is None else len(meas_r)
+    if nm_m != nm_r:
+        raise InputError(f"mobile and reference differ in atom count after the atoms selection: "
+                         f"{mob_name} has {nm_m}, {ref_name} has {nm_r}")
+    if (need_rotation or atoms is not None) and nf_m < 3:
+        what = "superposition" if need_rotation else "measuring on other atoms than the fitted ones"
+        raise InputError(f"{what} needs at least 3 fitted atoms, got {nf_m}: with 1 or 2 atoms the rotation "
+                         "is not unique (rmsd() without atoms= accepts them)")
+    host = _host_coords(mob, mob_name)
+    used = None
+    if not need_rotation and fit_m is not None:
+        used = fit_m if meas_m is None else np.union1d(fit_m, meas_m)
+    if need_rotation or not be.on_gpu:
+        _check_finite(host, mob_name, used)
+    # else: rmsd() on the GPU checks its (F,) result instead, which costs nothing: a host pass over
+    # 10^8 coordinates would take longer than the GPU computation.
+    _check_finite(ref_host.astype(np.float64), ref_name)
+    # Reference atoms reordered/selected to line up with the mobile's fit (and measured) atoms.
+    ref64 = ref_host.astype(np.float64)
+    ref_fit = ref64 if fit_r is None else ref64[fit_r]
+    ref_meas = None if atoms is None else ref64[meas_r]
+    w_fit = _resolve_weights(weights, n_mob, fit_m, mob_name)
+    w_meas = None if atoms is None else _resolve_weights(weights, n_mob, meas_m, mob_name)
+    squeeze = len(mob_shape) == 2
+    mob_arr = mob if host is None else host
+    return _Prepared(be, mob_arr, (ref_fit, ref_meas), fit_m, meas_m, w_fit, w_meas, squeeze)
+
+
+def _float_dtype(dtype):
+    return np.float32 if np.dtype(dtype) == np.float32 else np.float64
+
+
+# ==================================================================================================
+# NumPy twin: RMSD / superposition to one reference
+
+
+def _centre_reference(y, w):
+    """Centred reference (N, 3) float64, its centroid (3,), ``G_B``, ``1 / W``."""
+    if w is None:
+        cy = y.mean(axis=0)
+        yc = y - cy
+        return yc, cy, float(np.einsum("ij,ij->", yc, yc)), 1.0 / len(y)
+    wsum = w.sum()
+    cy = (w @ y) / wsum
+    yc = y - cy
+    return yc, cy, float(np.einsum("i,ij,ij->", w, yc, yc)), 1.0 / wsum
+
+
+class _MomentOperands(NamedTuple):
+    wyc: np.ndarray  # (N, 3) float64: weighted centred reference
+    wv: np.ndarray  # (N,) float64 weights (ones when unweighted)
+    mean: np.ndarray  # (N,) in the input dtype: 1 / N, the unweighted-mean vector
+    wyc_sum: np.ndarray  # (3,) sum w yc (0 up to rounding)
+    weighted: bool
+    inv_w: float
+
+
+def _moment_operands(yc, w, inv_w, dtype) -> _MomentOperands:
+    """The fixed right-hand sides of :func:`_moments_numpy` for one reference."""
+    n = len(yc)
+    wv = np.ones(n) if w is None else w
+    wyc = yc * wv[:, None]
+    return _MomentOperands(wyc, wv, np.full(n, 1.0 / n, dtype=dtype), wyc.sum(axis=0), w is not None, inv_w)
+
+
+def _moments_numpy(x, ops: _MomentOperands):
+    """Per-frame centroid ``cx`` (F, 3), ``G_A`` (F,) and ``M = sum w (x - cx) yc^T`` (F, 3, 3), all
+    float64, for frames ``x`` (F, N, 3) of any float dtype.
+
+    Per frame, ``M`` and the centroid sums are (3, N) x (N, 3) and (3, N) x (N,) products (batched
+    matmul on transposed views: no copy, and no BLAS threading overhead on skinny products). The
+    float64 conversion subtracts each frame's unweighted mean (it only has to be near the centroid),
+    so that ``G_A = sum w |x - shift|^2 - W |cx - shift|^2`` does not cancel wherever the frame lies.
+    """
+    shift = np.matmul(x.transpose(0, 2, 1), ops.mean).astype(np.float64)
+    xd = np.subtract(x, shift[:, None, :], dtype=np.float64)
+    xdt = xd.transpose(0, 2, 1)
+    cs = np.matmul(xdt, ops.wv) * ops.inv_w  # weighted centroid minus shift
+    # sum w yc is 0 up to rounding; subtracting its exact value keeps M that of centred frames.
+    m = np.matmul(xdt, ops.wyc) - cs[:, :, None] * ops.wyc_sum[None, None, :]
+    if ops.weighted:
+        sq = np.einsum("fni,fni,n->f", xd, xd, ops.wv)
+    else:
+        sq = np.einsum("fni,fni->f", xd, xd)
+    ga = np.maximum(sq - np.einsum("fi,fi->f", cs, cs) / ops.inv_w, 0.0)
+    return cs + shift, ga, m
+
+
+def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_coords=False):
+    """The NumPy twin of :func:`rmsd` / :func:`superpose` (also their CPU path).
+
+    Parameters
+    ----------
+    x : np.ndarray, shape (F, N, 3), float32 or float64
+        Mobile frames, Angstrom.
+    ref : tuple ``(ref_fit, ref_meas)``
+        ``ref_fit`` (n_fit, 3) float64: reference atoms lined up with ``x[:, fit]``; ``ref_meas``
+        (n_meas, 3) lined up with ``x[:, meas]``, or None to measure on the fitted atoms.
+    fit, meas : np.ndarray of int64, optional
+        Atom indices of ``x`` to fit and to measure (None: all / same as fit).
+    w_fit, w_meas : np.ndarray, optional
+        Weights of the fitted and measured atoms.
+    want_coords : bool
+        Also return all atoms of ``x`` moved onto the reference.
+
+    Returns
+    -------
+    rmsd (F,) float64, rotation (F, 3, 3) float64, translation (F, 3) float64, coords (F, N, 3) of
+    ``x``'s float dtype or None.
+    """
+    ref_fit, ref_meas = ref
+    f, n = x.shape[:2]
+    yc, cy, gb, inv_w = _centre_reference(ref_fit, w_fit)
+    ops = _moment_operands(yc, w_fit, inv_w, x.dtype)
+    # 1. Moments, in chunks small enough for the float64 copy to stay in cache.
+    cx, ga, m = np.empty((f, 3)), np.empty(f), np.empty((f, 3, 3))
+    chunk = rows_per_chunk(len(yc) * 3 * 8 * 2, f, _CACHE_CHUNK_BYTES)
+    for f0 in range(0, f, chunk):
+        f1 = min(f, f0 + chunk)
+        xf = x[f0:f1] if fit is None else x[f0:f1, fit]
+        cx[f0:f1], ga[f0:f1], m[f0:f1] = _moments_numpy(xf, ops)
+    # 2. QCP for all frames at once (13 numbers per frame).
+    r, rot = _qcp_full(m, ga, gb, inv_w)
+    t = cy - np.einsum("fij,fj->fi", rot, cx)
+    # 3. Measured atoms other than the fitted ones, and the moved coordinates.
+    coords = np.empty(x.shape, dtype=_float_dtype(x.dtype)) if want_coords else None
+    if ref_meas is not None or want_coords:
+        chunk = rows_per_chunk(max(n, 1) * 3 * 8 * 3, f, _CPU_CHUNK_BYTES)
+        for f0 in range(0, f, chunk):
+            f1 = min(f, f0 + chunk)
+            rt = rot[f0:f1].transpose(0, 2, 1)
+            if ref_meas is not None:
+                xm = np.asarray(x[f0:f1, meas], dtype=np.float64)
+                d = np.matmul(xm, rt) + t[f0:f1, None, :] - ref_meas
+                if w_meas is None:
+                    r[f0:f1] = np.sqrt(np.einsum("fni,fni->f", d, d) / len(ref_meas))
+                else:
+                    r[f0:f1] = np.sqrt(np.einsum("fni,fni,n->f", d, d, w_meas) / w_meas.sum())
+            if want_coords:
+                coords[f0:f1] = np.matmul(np.asarray(x[f0:f1], dtype=np.float64), rt) + t[f0:f1, None, :]
+    return r, rot, t, coords
+
+
+# ==================================================================================================
+# CUDA path: RMSD / superposition to one reference
+
+_MOMENT_THREADS = 256
+_QCP_THREADS = 128
+
+
+def _qcp_defines():
+    return {"QCP_MAX_ITERS": _MAX_ITERS, "QCP_SLOW_ITERS": _SLOW_ITERS, "QCP_NEWTON_RTOL": repr(_NEWTON_RTOL),
+            "QCP_NEWTON_FLAT": repr(_NEWTON_FLAT), "QCP_ADJ_TINY": repr(_ADJ_TINY),
+            "QCP_JACOBI_SWEEPS": _JACOBI_SWEEPS}
+
+
+def _rmsd_cuda(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_coords=False):
+    """CUDA twin of :func:`_rmsd_numpy`: ``x`` (F, N, 3) NumPy or CuPy; results are CuPy arrays.
+
+    A kernel reduces each frame to its centroid, ``G_A`` and ``M`` in float64 (one block per frame,
+    reading float32 or float64 directly: no transposed copy), a second one runs QCP with the rotation.
+    Frames go in chunks sized by the device memory budget.
+    """
+    import cupy as cp
+
+    from . import _cuda
+
+    ref_fit, ref_meas = ref
+    f, n = x.shape[:2]
+    yc, cy, gb, inv_w = _centre_reference(ref_fit, w_fit)
+    dt = _float_dtype(x.dtype)
+    sfx = "f32" if dt == np.float32 else "f64"
+    defines = _qcp_defines()
+    h_mom = _cuda.get_kernel("qcp", f"frame_moments_{sfx}", defines)
+    h_qcp = _cuda.get_kernel("qcp", "qcp_frames", defines)
+    yc_d = cp.asarray(yc)
+    wf_d = None if w_fit is None else cp.asarray(w_fit)
+    cy_d = cp.asarray(cy)
+    ref_meas_d = None if ref_meas is None else cp.asarray(ref_meas)
+    w_meas_d = None if w_meas is None else cp.asarray(w_meas)
+    fit_d = None if fit is None else cp.asarray(fit)
+    meas_d = None if meas is None else cp.asarray(meas)
+    out_r = cp.empty(f)
+    out_rot = cp.empty((f, 3, 3))
+    out_t = cp.empty((f, 3))
+    coords = cp.empty((f, n, 3), dtype=dt) if want_coords else None
+    # Input chunk (its dtype) + fitted copy + float64 temporaries for measured atoms / coordinates.
+    per_frame = n * 3 * (np.dtype(dt).itemsize * 2 + 8 * 4) + 256
+    chunk = rows_per_chunk(per_frame, f, device_budget_bytes())
+    for f0 in range(0, f, chunk):
+        f1 = min(f, f0 + chunk)
+        nf = f1 - f0
+        xs = cp.ascontiguousarray(cp.asarray(x[f0:f1]), dtype=dt)
+        xf = xs if fit_d is None else cp.ascontiguousarray(xs[:, fit_d])
+        nfit = xf.shape[1]
+        mom = cp.empty((nf, 13))
+        _cuda.launch(h_mom, (nf,), (_MOMENT_THREADS,), xf, yc_d, wf_d, mom, nf, nfit, float(inv_w))
+        r = out_r[f0:f1]
+        rot = out_rot[f0:f1]
+        grid = (nf + _QCP_THREADS - 1) // _QCP_THREADS
+        _cuda.launch(h_qcp, (grid,), (_QCP_THREADS,), mom, r, rot, nf, float(gb), float(inv_w))
+        cx = mom[:, 10:13]
+        t = cy_d - cp.einsum("fij,fj->fi", rot, cx)
+        out_t[f0:f1] = t
+        if ref_meas_d is not None:
+            xm = xs[:, meas_d].astype(cp.float64)
+            d = cp.matmul(xm, rot.transpose(0, 2, 1)) + t[:, None, :] - ref_meas_d
+            if w_meas_d is None:
+                out_r[f0:f1] = cp.sqrt((d * d).sum(axis=(1, 2)) / len(ref_meas))
+            else:
+                out_r[f0:f1] = cp.sqrt(((d * d).sum(axis=2) * w_meas_d).sum(axis=1) / float(w_meas.sum()))
+        if want_coords:
+            coords[f0:f1] = cp.matmul(xs.astype(cp.float64), rot.transpose(0, 2, 1)) + t[:, None, :]
+    return out_r, out_rot, out_t, coords
+
+
+# ==================================================================================================
+# Public: rmsd, superpose
+
+
+def _run_rmsd(mobile, reference, fit, atoms, weights, ref_frame, device, want_coords):
+    p = _prepare(mobile, reference, fit, atoms, weights, ref_frame, device, need_rotation=want_coords)
+    be = p.be
+    if be.on_gpu:
+        x = p.mobile
+        if be.kind.startswith("torch"):
+            x = be.asarray(x)
+        if not (is_cupy_array(x) or isinstance(x, np.ndarray)):
+            x = np.asarray(x)
+        x = x if x.ndim == 3 else x[None]
+        res = _rmsd_cuda(x, p.ref, p.fit, p.meas, p.w_fit, p.w_meas, want_coords=want_coords)
+        if not want_coords and isinstance(x, np.ndarray):
+            r_host = to_numpy(res[0])
+            bad = ~np.isfinite(r_host)
+            if bad.any():
+                name = _frames_of(mobile, "mobile")[2]
+                raise InputError(f"{name}: NaN or infinite coordinates in frame {int(np.argmax(bad))}")
+            res = (r_host, *res[1:])
+    else:
+        x = p.mobile
+        if not isinstance(x, np.ndarray):
+            x = be.asarray(x)
+        if x.dtype.kind != "f":
+            x = x.astype(np.float64)
+        x = x if x.ndim == 3 else x[None]
+        res = _rmsd_numpy(x, p.ref, p.fit, p.meas, p.w_fit, p.w_meas, want_coords=want_coords)
+    return be, res, p.squeeze
+
+
+def rmsd(mobile, reference, *, fit=None, atoms=None, weights=None, ref_frame: int = 0, device: str = "auto"):
+    """RMSD of every frame of ``mobile`` to ``reference`` after optimal superposition (QCP).
+
+    Parameters
+    ----------
+    mobile : array (frames, atoms, 3) or (atoms, 3), Structure, list of Structures, mdtraj.Trajectory
+        Angstrom; NumPy, CuPy or torch arrays. A list of Structures is stacked as frames.
+    reference : array (atoms, 3) or (frames, atoms, 3), Structure, mdtraj.Trajectory
+        One structure; for several frames, frame ``ref_frame`` is used.
+    fit : str or array_like of int or bool, optional
+        Atoms to superpose on (default all): a selection string (``"ca"``, ``"backbone"``, ...;
+        needs a Structure), an index array or a boolean mask, applied to both inputs.
+    atoms : str or array_like, optional
+        Atoms to measure the RMSD on after fitting on ``fit`` (default: the fitted atoms), e.g. fit on
+        CA and measure on heavy atoms. Needs at least 3 fitted atoms (else the rotation is not
+        unique).
+    weights : array_like, shape (atoms,), optional
+        Non-negative per-atom weights (e.g. masses) of the full atom list (or of the selection),
+        weighting the centroids, the fit and the measured RMSD: ``sqrt(sum w d^2 / sum w)``.
+    ref_frame : int
+        Frame of a multi-frame reference.
+    device : {"auto", "cpu", "gpu"}
+
+    Returns
+    -------
+    array, shape (frames,), float64, Angstrom
+        Same array type as ``mobile`` (a NumPy array for Structures).
+
+    Raises
+    ------
+    InputError
+        Atom counts differing after selection (both are given), an empty selection, NaN coordinates
+        in host input (the frame is named; device-resident NaN gives NaN), a bad shape.
+
+    Notes
+    -----
+    One or two atoms are accepted: the RMSD after superposition is still well defined (0 for one
+    atom, half the difference of the two lengths for two). Precision: float64 accumulation and QCP
+    whatever the input dtype; self-RMSD is ~1e-7 Angstrom.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = np.array([[0., 0, 0], [1, 0, 0], [0, 2, 0], [0, 0, 3]])
+    >>> rot = np.array([[0., -1, 0], [1, 0, 0], [0, 0, 1]])
+    >>> float(rmsd(x @ rot.T + 5.0, x, device="cpu")[0]) < 1e-6
+    True
+    """
+    be, res, squeeze = _run_rmsd(mobile, reference, fit, atoms, weights, ref_frame, device, False)
+    return be.wrap(res[0])
+
+
+def superpose(mobile, reference, *, fit=None, atoms=None, weights=None, ref_frame: int = 0,
+              device: str = "auto") -> SuperposeResult:
+    """Superpose every frame of ``mobile`` onto ``reference`` (QCP): aligned coordinates, rotations,
+    translations and RMSDs.
+
+    Parameters
+    ----------
+    mobile, reference, fit, atoms, weights, ref_frame, device
+        As :func:`rmsd`. The rotation is fitted on ``fit`` (at least 3 atoms), applied to all atoms
+        of ``mobile``; the RMSD is measured on ``atoms`` (default the fitted ones).
+
+    Returns
+    -------
+    SuperposeResult
+        ``(coords, rotation, translation, rmsd)``: ``coords`` (frames, atoms, 3) in the input's float
+        dtype (float32 for Structures), ``rotation`` (frames, 3, 3) float64 proper rotations,
+        ``translation`` (frames, 3) float64 Angstrom, ``rmsd`` (frames,) float64 Angstrom; with
+        ``coords = mobile @ rotation.T + translation[:, None]``. Same array type as ``mobile``. A 2-D
+        ``mobile`` still gives a leading frame axis of 1.
+
+    Raises
+    ------
+    InputError
+        As :func:`rmsd`, and fewer than 3 fitted atoms.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = np.array([[0., 0, 0], [1, 0, 0], [0, 2, 0], [0, 0, 3]])
+    >>> rot = np.array([[0., -1, 0], [1, 0, 0], [0, 0, 1]])
+    >>> res = superpose(x @ rot.T + 5.0, x, device="cpu")
+    >>> bool(np.allclose(res.coords[0], x)), bool(np.allclose(res.rotation[0], rot.T))
+    (True, True)
+    """
+    be, res, squeeze = _run_rmsd(mobile, reference, fit, atoms, weights, ref_frame, device, True)
+    r, rot, t, coords = res
+    return be.wrap(SuperposeResult(coords, rot, t, r))
+
+
+# ==================================================================================================
+# All-vs-all
+
+
+def _tiles(n_rows: int, n_cols: int, tile: int, symmetric: bool):
+    """Tile schedule ``(i0, i1, j0, j1)``: all tiles, or (symmetric) those with ``j0 >= i0``."""
+    for i0 in range(0, n_rows, tile):
+        i1 = min(n_rows, i0 + tile)
+        for j0 in range(i0 if symmetric else 0, n_cols, tile):
+            yield i0, i1, j0, min(n_cols, j0 + tile)
+
+
+def _condensed_index(i, j, n):
+    """Index of pair (i, j), i < j, in SciPy's condensed distance vector of n items."""
+    return n * i - i * (i + 1) // 2 + (j - i - 1)
+
+
+class _Sink:
+    """Writes finished tiles into the destination (a NumPy array, np.memmap, Zarr array, or anything
+    with ``__setitem__``): dense (mirrored across the diagonal for symmetric runs) or condensed."""
+
+    def __init__(self, out, n: int, symmetric: bool, condensed: bool):
+        self.out, self.n, self.symmetric, self.condensed = out, n, symmetric, condensed
+
+    def write(self, i0, i1, j0, j1, tile):
+        """``tile`` (i1 - i0, j1 - j0) on the host; for symmetric runs it holds valid values at
+        least for the pairs with i < j (diagonal tiles: upper triangle and a zero diagonal)."""
+        out = self.out
+        if self.condensed:
+            for i in range(i0, i1):
+                js = max(j0, i + 1)
+                if js < j1:
+                    k0 = _condensed_index(i, js, self.n)
+                    out[k0:k0 + (j1 - js)] = tile[i - i0, js - j0:]
+            return
+        if self.symmetric and i0 == j0:
+            up = np.triu(tile, 1)
+            out[i0:i1, j0:j1] = up + up.T
+        else:
+            out[i0:i1, j0:j1] = tile
+            if self.symmetric:
+                # The mirrored block in column strips: a whole transposed tile gathers every element
+                # from a different cache line (~3.5x slower into an np.memmap).
+                for b0 in range(0, i1 - i0, 512):
+                    b1 = min(i1 - i0, b0 + 512)
+                    out[j0:j1, i0 + b0:i0 + b1] = tile[b0:b1].T
+
+
+def _centre_frames_numpy(x, w, fit):
+    """Centred, weight-scaled frames as the stacked (3F, N) float64 matrix of the GEMM formulation,
+    and ``G`` (F,) float64. Row ``3f + c`` is coordinate c of frame f times sqrt(w)."""
+    xf = x if fit is None else x[:, fit]
+    f, n = xf.shape[:2]
+    a = np.empty((3 * f, n))
+    g = np.empty(f)
+    sw = None if w is None else np.sqrt(w)
+    chunk = rows_per_chunk(n * 3 * 8 * 3, f, _CPU_CHUNK_BYTES)
+    for f0 in range(0, f, chunk):
+        f1 = min(f, f0 + chunk)
+        xd = np.asarray(xf[f0:f1], dtype=np.float64)
+        cx = xd.mean(axis=1) if w is None else np.einsum("fni,n->fi", xd, w) / w.sum()
+        c = (xd - cx[:, None, :]).transpose(0, 2, 1)
+        if sw is not None:
+            c = c * sw
+        g[f0:f1] = np.einsum("fin,fin->f", c, c)
+        a[3 * f0:3 * f1] = c.reshape(-1, n)
+    return a, g
+
+
+def _qcp_tile_numpy(blocks, ga, gb, inv_w, upper: bool):
+    """RMSD for a tile of 3x3 blocks (3 Ti, 3 Tj) (float32 or float64): (Ti, Tj) float64. With
+    ``upper`` (a diagonal tile of a symmetric run) only the pairs i < j are computed; the rest is 0."""
+    ti, tj = blocks.shape[0] // 3, blocks.shape[1] // 3
+    b4 = blocks.reshape(ti, 3, tj, 3)
+    res = np.zeros((ti, tj))
+    if upper:
+        iu, ju = np.triu_indices(ti, 1, tj)
+        if iu.size == 0:
+            return res
+        s = [b4[iu, p, ju, q].astype(np.float64) for p in range(3) for q in range(3)]
+        res[iu, ju] = _qcp_rmsd_only(s, ga[iu], gb[ju], inv_w)
+        return res
+    s = [np.asarray(b4[:, p, :, q], dtype=np.float64).reshape(-1) for p in range(3) for q in range(3)]
+    gaa = np.repeat(ga, tj)
+    gbb = np.tile(gb, ti)
+    return _qcp_rmsd_only(s, gaa, gbb, inv_w).reshape(ti, tj)
+
+
+def _pairwise_numpy(x, y=None, *, fit=None, weights=None, precision="float64", out=None, condensed=False,
+                    tile: int | None = None, out_dtype=np.float32):
+    """The NumPy twin of :func:`pairwise_rmsd` (also its CPU path): the same GEMM formulation through
+    NumPy's BLAS and a vectorised QCP, tile by tile.
+
+    Parameters
+    ----------
+    x : np.ndarray, shape (F, N, 3)
+    y : np.ndarray, shape (G, N, 3), optional
+    fit : np.ndarray of int64, optional
+        Atom indices used (both inputs).
+    weights : np.ndarray (n_fit,), optional
+    precision : {"float64", "float32"}
+        dtype of the stacked coordinates and of the 3x3 blocks (the GEMM).
+    out : array-like, optional
+        Destination (F, G) or condensed (F (F - 1) / 2,); written tile by tile.
+    condensed : bool
+        Condensed output (``y`` None only).
+    tile : int, optional
+        Frames per tile side (default 640); the result does not depend on it.
+    out_dtype : dtype
+        Result dtype when ``out`` is None.
+
+    Returns
+    -------
+    np.ndarray (or ``out``), Angstrom.
+    """
+    prec = np.dtype(precision)
+    symmetric = y is None
+    a, ga = _centre_frames_numpy(x, weights, fit)
+    if symmetric:
+        b, gb = a, ga
+    else:
+        b, gb = _centre_frames_numpy(y, weights, fit)
+    a = a.astype(prec, copy=False)
+    b = a if symmetric else b.astype(prec, copy=False)
+    n = a.shape[1]
+    inv_w = 1.0 / (n if weights is None else float(weights.sum()))
+    f, g = len(ga), len(gb)
+    if out is None:
+        shape = (f * (f - 1) // 2,) if condensed else (f, g)
+        check_host_fits(int(np.prod(shape)) * np.dtype(out_dtype).itemsize, "the RMSD matrix")
+        out = np.empty(shape, dtype=out_dtype)
+        if not condensed and symmetric:
+            out[np.arange(f), np.arange(f)] = 0
+    sink = _Sink(out, f, symmetric, condensed)
+    t = int(tile or _CPU_TILE)
+    for i0, i1, j0, j1 in _tiles(f, g, t, symmetric):
+        blocks = a[3 * i0:3 * i1] @ b[3 * j0:3 * j1].T
+        diag = symmetric and i0 == j0
+        res = _qcp_tile_numpy(blocks, ga[i0:i1], gb[j0:j1], inv_w, upper=diag)
+        sink.write(i0, i1, j0, j1, res)
+    return out
+
+
+def _gpu_tile_size(f, g, prec_size, out_size, budget, fixed):
+    """Frames per tile side on the GPU: the 3x3 blocks (9 T^2 * precision) plus two output tiles fit in
+    what the budget leaves after the resident stacked coordinates (``fixed`` bytes)."""
+    avail = budget - fixed
+    per = 9 * prec_size + 2 * out_size + 16
+    if avail < per * 8 * 8:
+        raise MemoryBudgetError(
+            f"pairwise RMSD: the stacked coordinates need {format_bytes(fixed)} of the device budget of "
+            f"{format_bytes(budget)}; select fewer atoms or frames, or raise PROTGPU_GPU_MEMORY_BUDGET")
+    t = int(np.sqrt(avail / per))
+    t = min(t, 8192, max(f, g))
+    if t >= 64:
+        t -= t % 32
+    return max(t, 1)
+
+
+def _centre_frames_cuda(x, w, fit, prec):
+    """Device twin of :func:`_centre_frames_numpy`: (3F, N) ``prec`` CuPy array and G (F,) float64.
+    ``x`` may be host or device; host input is uploaded frame chunk by frame chunk."""
+    import cupy as cp
+
+    f = x.shape[0]
+    n = x.shape[1] if fit is None else len(fit)
+    a = cp.empty((3 * f, n), dtype=prec)
+    g = cp.empty(f)
+    fit_d = None if fit is None else cp.asarray(fit)
+    w_d = None if w is None else cp.asarray(w)
+    sw = None if w is None else cp.sqrt(w_d)
+    chunk = rows_per_chunk(x.shape[1] * 3 * 8 * 4, f, max(device_budget_bytes() // 4, 1 << 24))
+    for f0 in range(0, f, chunk):
+        f1 = min(f, f0 + chunk)
+        xd = cp.asarray(x[f0:f1]).astype(cp.float64)
+        if fit_d is not None:
+            xd = xd[:, fit_d]
+        cx = xd.mean(axis=1) if w is None else cp.einsum("fni,n->fi", xd, w_d) / float(w.sum())
+        c = (xd - cx[:, None, :]).transpose(0, 2, 1)
+        if sw is not None:
+            c = c * sw
+        g[f0:f1] = (c * c).sum(axis=(1, 2))
+        a[3 * f0:3 * f1] = c.reshape(-1, n).astype(prec)
+    return a, g
+
+
+def _launch_pairs(h, blocks, ga, gb, dst, ti, tj, row0, col0, out_ld, out_row0, out_col0, n_total, inv_w, mode):
+    """Launch ``qcp_pairs_*`` over a tile; reads the blocks with explicit strides so that a row- or
+    column-major GEMM result is used without a copy."""
+    import cupy as cp
+
+    from . import _cuda
+
+    if blocks.flags.c_contiguous:
+        arr, rs, cs = blocks, blocks.shape[1], 1
+    elif blocks.flags.f_contiguous:
+        arr, rs, cs = blocks.T, 1, blocks.shape[0]
+    else:
+        arr = cp.ascontiguousarray(blocks)
+        rs, cs = arr.shape[1], 1
+    total = ti * tj
+    threads = 256
+    grid = int(max(1, min((total + threads - 1) // threads, 1 << 20)))
+    _cuda.launch(h, (grid,), (threads,), arr, ga, gb, dst, ti, tj, rs, cs, row0, col0, out_ld, out_row0,
+                 out_col0, n_total, float(inv_w), mode)
+
+
+def _pairwise_cuda(x, y=None, *, fit=None, weights=None, precision="float64", out=None, condensed=False,
+                   tile: int | None = None, out_dtype=np.float32, host_result: bool = True):
+    """CUDA path of :func:`pairwise_rmsd`: centre on the device, one cuBLAS GEMM per tile of the stacked
+    (3F, N) coordinates gives every pair's 3x3 block, ``qcp_pairs_*`` turns blocks into RMSDs.
+
+    With ``out`` (host array, np.memmap, Zarr) or when the result does not fit in the device budget,
+    tiles stream to the host: each finished tile is copied device-to-host on a second stream into one
+    of two pinned buffers while the next tile computes, and a writer thread stores it into ``out``.
+    Otherwise the kernel writes straight into a device-resident result (mirrored, or condensed).
+    Returns ``out``, the host result, or (``host_result=False``) the CuPy result.
+    """
+    import cupy as cp
+    import cupyx
+
+    from . import _cuda
+    from ._cuda.blas import matmul
+
+    prec = np.dtype(precision)
+    symmetric = y is None
+    a, ga = _centre_frames_cuda(x, weights, fit, prec)
+    if symmetric:
+        b, gb = a, ga
+    else:
+        b, gb = _centre_frames_cuda(y, weights, fit, prec)
+    n = a.shape[1]
+    inv_w = 1.0 / (n if weights is None else float(weights.sum()))
+    f, g = len(ga), len(gb)
+    odt = np.dtype(out.dtype if out is not None else out_dtype)
+    osfx = "o32" if odt == np.float32 else "o64"
+    bsfx = "b32" if prec == np.float32 else "b64"
+    h = _cuda.get_kernel("qcp", f"qcp_pairs_{bsfx}_{osfx}", _qcp_defines())
+    budget = device_budget_bytes()
+    fixed = (a.nbytes + (0 if symmetric else b.nbytes)) + 8 * (f + g)
+    shape = (f * (f - 1) // 2,) if condensed else (f, g)
+    result_bytes = int(np.prod(shape)) * odt.itemsize
+    # Resident when the whole result takes at most half the budget (tiles get the rest); else stream.
+    resident = out is None and result_bytes + fixed <= budget // 2
+    t = tile or _gpu_tile_size(f, g, prec.itemsize, odt.itemsize, budget - (result_bytes if resident else 0), fixed)
+    t = max(1, min(int(t), max(f, g)))
+    if out is None and not resident and not host_result:
+        raise MemoryBudgetError(
+            f"pairwise RMSD: the {shape} result ({format_bytes(result_bytes)}) does not fit in the device "
+            f"budget ({format_bytes(budget)}); pass out= (an np.memmap or Zarr array) to stream it")
+    if resident:
+        dst = cp.empty(shape, dtype=odt)
+        if symmetric and not condensed:
+            dst[cp.arange(f), cp.arange(f)] = 0
+        for i0, i1, j0, j1 in _tiles(f, g, t, symmetric):
+            blocks = matmul(a[3 * i0:3 * i1], b[3 * j0:3 * j1].T)
+            if condensed:
+                mode = _CONDENSED
+            elif symmetric:
+                mode = _MIRROR | (_UPPER_ONLY | _ZERO_DIAG if i0 == j0 else 0)
+            else:
+                mode = 0
+            _launch_pairs(h, blocks, ga, gb, dst, i1 - i0, j1 - j0, i0, j0, g, i0, j0, f, inv_w, mode)
+        return dst.get() if host_result else dst
+    # Streaming to the host.
+    if out is None:
+        check_host_fits(result_bytes, "the RMSD matrix")
+        out = np.empty(shape, dtype=odt)
+        if symmetric and not condensed:
+            out[np.arange(f), np.arange(f)] = 0
+    sink = _Sink(out, f, symmetric, condensed)
+    compute = cp.cuda.get_current_stream()
+    copy_stream = cp.cuda.Stream(non_blocking=True)
+    dev_tiles = [cp.empty((t, t), dtype=odt) for _ in range(2)]
+    host_tiles = [cupyx.empty_pinned((t, t), dtype=odt) for _ in range(2)]
+    copied = [None, None]
+    pending: list = [None, None]
+
+    def store(ev, buf, i0, i1, j0, j1):
+        ev.synchronize()
+        sink.write(i0, i1, j0, j1, buf[: i1 - i0, : j1 - j0])
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as writer:
+        for k, (i0, i1, j0, j1) in enumerate(_tiles(f, g, t, symmetric)):
+            s = k % 2
+            ti, tj = i1 - i0, j1 - j0
+            if copied[s] is not None:
+                compute.wait_event(copied[s])  # the device tile buffer must have been copied out
+            blocks = matmul(a[3 * i0:3 * i1], b[3 * j0:3 * j1].T)
+            diag = symmetric and i0 == j0
+            mode = (_UPPER_ONLY | _ZERO_DIAG) if diag else 0
+            _launch_pairs(h, blocks, ga, gb, dev_tiles[s], ti, tj, i0, j0, tj, 0, 0, f, inv_w, mode)
+            done = compute.record()
+            if pending[s] is not None:
+                pending[s].result()  # the writer must be finished with this pinned buffer
+            copy_stream.wait_event(done)
+            src = dev_tiles[s].reshape(-1)[: ti * tj]
+            host_view = host_tiles[s].reshape(-1)[: ti * tj]
+            cp.asnumpy(src, stream=copy_stream, out=host_view, blocking=False)
+            copied[s] = copy_stream.record()
+            pending[s] = writer.submit(store, copied[s], host_view.reshape(ti, tj), i0, i1, j0, j1)
+        for p in pending:
+            if p is not None:
+                p.result()
+    return out
+
+
+def _check_out(out, shape, condensed: bool):
+    if out is None:
+        return
+    if not (hasattr(out, "shape") and hasattr(out, "dtype") and hasattr(out, "__setitem__")):
+        raise InputError("out= must be an array-like with shape, dtype and item assignment "
+                         "(np.ndarray, np.memmap, Zarr array)")
+    if tuple(out.shape) != tuple(shape):
+        what = "condensed " if condensed else ""
+        raise InputError(f"out= has shape {tuple(out.shape)}, the {what}RMSD result needs {tuple(shape)}")
+    if np.dtype(out.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise InputError(f"out= must be float32 or float64, not {out.dtype}")
+    if is_cupy_array(out):
+        raise InputError("out= is for host destinations (np.memmap, Zarr); a CuPy result is returned "
+                         "when the input is CuPy")
+
+
+def pairwise_rmsd(x, y=None, *, fit=None, weights=None, out=None, precision: str = "float64",
+                  condensed: bool = False, device: str = "auto"):
+    """All-vs-all RMSD after optimal superposition of every pair of frames (QCP on GEMM blocks).
+
+    The centred frames are stacked as a (3F, N) matrix; one matrix product ``A B^T`` (cuBLAS on the
+    GPU, NumPy's BLAS on the CPU) holds every pair's 3x3 correlation block ``M``, and a QCP step per
+    block (the ``qcp_pairs`` kernel, or its vectorised NumPy twin) turns it and the two traces into
+    the RMSD. With ``y`` None each pair is computed once (triangular tiles) and mirrored.
+
+    Parameters
+    ----------
+    x : array (frames, atoms, 3), Structure, list of Structures
+        Angstrom.
+    y : same, optional
+        Second set of frames, same atoms: an (F, G) matrix. Default: ``x`` against itself.
+    fit : str or array_like, optional
+        Atoms used (selection string with Structures, index array or mask); default all.
+    weights : array_like (atoms,), optional
+        Per-atom weights (of the full atom list or of the selection).
+    out : np.ndarray, np.memmap or Zarr array, optional
+        Destination, float32 or float64, shape (F, G) or condensed (F (F - 1) / 2,); filled tile by
+        tile (on the GPU the copies overlap the compute), so the result never has to fit in device
+        memory. Returned as given.
+    precision : {"float64", "float32"}
+        dtype of the GEMM. float64 (default) keeps every RMSD within ~1e-6 Angstrom of a float64
+        Kabsch reference, and is nearly free on GPUs with FP64 tensor cores; float32 blocks lose up
+        to ~5e-3 Angstrom for near-identical frames (the cancellation in ``G_A + G_B - 2 l_max``) and
+        ~1e-4 elsewhere. The QCP step is float64 either way.
+    condensed : bool
+        Return SciPy's condensed vector (pairs i < j, row by row) instead of the square matrix;
+        ``y`` must be None.
+    device : {"auto", "cpu", "gpu"}
+
+    Returns
+    -------
+    array, shape (F, G) (or (F, F)) or (F (F - 1) / 2,), float32, Angstrom
+        float32 (values are accurate far beyond float32's 6e-8 relative rounding) unless ``out`` is
+        float64. Same array type as ``x``. With ``y`` None the matrix is exactly symmetric with a zero
+        diagonal.
+
+    Raises
+    ------
+    InputError
+        Atom counts differing, ``condensed`` with ``y``, bad ``out``, NaN coordinates (host input),
+        bad ``precision``.
+    MemoryBudgetError
+        A CuPy-resident result that does not fit in the device budget without ``out=``, or a host
+        result larger than free memory.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.normal(size=(4, 10, 3))
+    >>> d = pairwise_rmsd(x, device="cpu")
+    >>> d.shape, bool(np.allclose(d, d.T)), float(d[0, 0])
+    ((4, 4), True, 0.0)
+    """
+    if precision not in ("float32", "float64"):
+        raise InputError(f"precision must be 'float32' or 'float64', not {precision!r}")
+    if condensed and y is not None:
+        raise InputError("condensed=True needs y=None (a condensed vector holds one symmetric matrix)")
+    xa, xs, xname = _frames_of(x, "x")
+    be = dispatch(xa, None if y is None else _frames_of(y, "y")[0], device=device)
+    xshape = tuple(getattr(xa, "shape", None) or np.shape(xa))
+    _check_shape(xshape, xname)
+    if y is not None:
+        ya, ys, yname = _frames_of(y, "y")
+        yshape = tuple(getattr(ya, "shape", None) or np.shape(ya))
+        _check_shape(yshape, yname)
+    n_x = xshape[-2]
+    fit_x = _resolve_selection(fit, xs, n_x, xname, "fit", other=None if y is None else ys)
+    if y is not None:
+        fit_y = _resolve_selection(fit, ys, yshape[-2], yname, "fit", other=xs)
+        nx = n_x if fit_x is None else len(fit_x)
+        ny = yshape[-2] if fit_y is None else len(fit_y)
+        if nx != ny:
+            raise InputError(f"x and y differ in atom count after selection: {xname} has {nx}, {yname} has {ny}")
+    w = _resolve_weights(weights, n_x, fit_x, xname)
+
+    def frames(arr, shape, name, sel):
+        host = _host_coords(arr, name)
+        _check_finite(host, name, sel)
+        a = host if host is not None else arr
+        if host is None and be.kind.startswith("torch"):
+            a = be.asarray(a)
+        if isinstance(a, np.ndarray) and a.dtype.kind != "f":
+            a = a.astype(np.float64)
+        return a if len(shape) == 3 else a[None]
+
+    xx = frames(xa, xshape, xname, fit_x)
+    yy = None
+    if y is not None:
+        yy = frames(ya, yshape, yname, fit_y)
+        if fit_y is not None and fit_x is not None and not np.array_equal(fit_x, fit_y):
+            # Different index sets on the two sides: gather both, then fit on all.
+            xx, yy = xx[:, fit_x], yy[:, fit_y]
+            fit_x = None
+    f = xx.shape[0]
+    g = f if y is None else yy.shape[0]
+    shape = (f * (f - 1) // 2,) if condensed else (f, g)
+    _check_out(out, shape, condensed)
+    if be.on_gpu:
+        res = _pairwise_cuda(xx, yy, fit=fit_x, weights=w, precision=precision, out=out, condensed=condensed,
+                             host_result=be.kind == "numpy" or out is not None)
+    else:
+        if not isinstance(xx, np.ndarray):
+            xx = np.asarray(be.asarray(xx))
+        if yy is not None and not isinstance(yy, np.ndarray):
+            yy = np.asarray(be.asarray(yy))
+        res = _pairwise_numpy(xx, yy, fit=fit_x, weights=w, precision=precision, out=out, condensed=condensed)
+    if out is not None:
+        return out
+    return be.wrap(res)
+

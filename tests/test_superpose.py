@@ -1,0 +1,916 @@
+"""CPU tests of protgpu.superpose: QCP against a float64 Kabsch (SVD) reference, MDTraj and the shared
+reference values; invariances and degenerate inputs with hypothesis; the all-vs-all tiling; errors;
+the CLI; and the CUDA kernel's logic, compiled as plain C++ (one thread per block) and held equal to
+the NumPy twin."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from protgpu.errors import InputError
+from protgpu.superpose import pairwise_rmsd, rmsd, superpose
+
+# the module itself (protgpu.superpose the attribute is the function of that name)
+sp = importlib.import_module("protgpu.superpose")
+
+# --------------------------------------------------------------------------------------------------
+# References
+
+
+def kabsch(x, y, w=None):
+    """float64 weighted Kabsch: (rmsd, R, t) with y ~ x @ R.T + t."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    w = np.ones(len(x)) if w is None else np.asarray(w, dtype=np.float64)
+    cx = w @ x / w.sum()
+    cy = w @ y / w.sum()
+    a, b = x - cx, y - cy
+    u, s, vt = np.linalg.svd((a * w[:, None]).T @ b)
+    d = np.sign(np.linalg.det(u @ vt)) or 1.0
+    r = (u @ np.diag([1, 1, d]) @ vt).T
+    diff = a @ r.T - b
+    return float(np.sqrt((w * (diff**2).sum(1)).sum() / w.sum())), r, cy - r @ cx
+
+
+def random_rotation(rng):
+    q = rng.normal(size=4)
+    return sp._quaternion_to_rotation((q / np.linalg.norm(q))[None])[0]
+
+
+def kabsch_rmsd_matrix(x, y):
+    return np.array([[kabsch(a, b)[0] for b in y] for a in x])
+
+
+@pytest.fixture(scope="module")
+def nmr(shared_datasets):
+    from protgpu.io import load
+
+    return load(shared_datasets / "mdtraj" / "2EQQ.pdb")
+
+
+@pytest.fixture(scope="module")
+def adk(datasets):
+    from protgpu.io import load
+
+    return load(datasets / "adk_dims.dcd", top=datasets / "adk_open.pdb")
+
+
+# --------------------------------------------------------------------------------------------------
+# Basic accuracy
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_matches_kabsch_on_random_frames(dtype):
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(25, 40, 3)) * 6 + 30).astype(dtype)
+    y = (rng.normal(size=(40, 3)) * 6 - 10).astype(dtype)
+    r = rmsd(x, y, device="cpu")
+    ref = np.array([kabsch(f, y)[0] for f in x])
+    assert r.dtype == np.float64 and r.shape == (25,)
+    np.testing.assert_allclose(r, ref, atol=1e-9)
+
+
+def test_superpose_maps_mobile_onto_reference():
+    rng = np.random.default_rng(1)
+    y = rng.normal(size=(30, 3)) * 5
+    rots = np.stack([random_rotation(rng) for _ in range(6)])
+    x = np.einsum("fij,nj->fni", rots, y) + rng.normal(size=(6, 1, 3)) * 20 + rng.normal(size=(6, 30, 3)) * 0.1
+    res = superpose(x, y, device="cpu")
+    assert res.coords.shape == x.shape and res.rotation.shape == (6, 3, 3) and res.translation.shape == (6, 3)
+    np.testing.assert_allclose(np.linalg.det(res.rotation), 1.0, atol=1e-12)
+    moved = np.einsum("fni,fji->fnj", x, res.rotation) + res.translation[:, None]
+    np.testing.assert_allclose(res.coords, moved, atol=1e-9)
+    for f in range(6):
+        r_ref, rot_ref, t_ref = kabsch(x[f], y)
+        np.testing.assert_allclose(res.rotation[f], rot_ref, atol=1e-9)
+        np.testing.assert_allclose(res.translation[f], t_ref, atol=1e-8)
+        assert res.rmsd[f] == pytest.approx(r_ref, abs=1e-10)
+        direct = np.sqrt(((res.coords[f] - y) ** 2).sum(1).mean())
+        assert res.rmsd[f] == pytest.approx(direct, abs=1e-10)
+
+
+def test_superpose_keeps_float32_and_2d_input():
+    rng = np.random.default_rng(2)
+    y = rng.normal(size=(12, 3)).astype(np.float32)
+    res = superpose(y @ random_rotation(rng).T.astype(np.float32), y, device="cpu")
+    assert res.coords.dtype == np.float32 and res.coords.shape == (1, 12, 3)
+    assert res.rotation.dtype == np.float64
+    assert res.rmsd[0] < 1e-5
+
+
+def test_weights_match_weighted_kabsch():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(8, 20, 3)) * 4
+    y = rng.normal(size=(20, 3)) * 4
+    w = rng.uniform(0.1, 5.0, size=20)
+    res = superpose(x, y, weights=w, device="cpu")
+    for f in range(8):
+        r_ref, rot_ref, t_ref = kabsch(x[f], y, w)
+        assert res.rmsd[f] == pytest.approx(r_ref, abs=1e-10)
+        np.testing.assert_allclose(res.rotation[f], rot_ref, atol=1e-9)
+        np.testing.assert_allclose(res.translation[f], t_ref, atol=1e-8)
+    np.testing.assert_allclose(rmsd(x, y, weights=w, device="cpu"), res.rmsd, atol=1e-12)
+
+
+def test_fit_on_some_atoms_measure_on_others():
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(5, 30, 3)) * 4
+    y = rng.normal(size=(30, 3)) * 4
+    fit, meas = np.arange(0, 30, 3), np.arange(1, 30, 2)
+    w = rng.uniform(0.5, 2, size=30)
+    r = rmsd(x, y, fit=fit, atoms=meas, device="cpu")
+    rw = rmsd(x, y, fit=fit, atoms=meas, weights=w, device="cpu")
+    for f in range(5):
+        _, rot, t = kabsch(x[f, fit], y[fit])
+        d = x[f, meas] @ rot.T + t - y[meas]
+        assert r[f] == pytest.approx(np.sqrt((d**2).sum(1).mean()), abs=1e-10)
+        _, rot, t = kabsch(x[f, fit], y[fit], w[fit])
+        d = x[f, meas] @ rot.T + t - y[meas]
+        assert rw[f] == pytest.approx(np.sqrt((w[meas] * (d**2).sum(1)).sum() / w[meas].sum()), abs=1e-10)
+    # boolean masks select the same atoms
+    mask = np.zeros(30, bool)
+    mask[fit] = True
+    np.testing.assert_allclose(rmsd(x, y, fit=mask, device="cpu"), rmsd(x, y, fit=fit, device="cpu"))
+
+
+def test_self_rmsd_far_from_origin():
+    rng = np.random.default_rng(5)
+    x = (rng.normal(size=(300, 3)) * 15 + 1000).astype(np.float32)
+    rot = random_rotation(rng)
+    moved = (x.astype(np.float64) @ rot.T + 500).astype(np.float64)
+    assert rmsd(x, x, device="cpu")[0] <= 1e-6
+    assert rmsd(moved, x.astype(np.float64), device="cpu")[0] <= 1e-4
+    assert pairwise_rmsd(np.stack([x, x]), device="cpu")[0, 1] <= 1e-4
+
+
+# --------------------------------------------------------------------------------------------------
+# Degenerate inputs
+
+
+def _check_proper(rot):
+    assert np.isfinite(rot).all()
+    np.testing.assert_allclose(np.linalg.det(rot), 1.0, atol=1e-9)
+    np.testing.assert_allclose(rot @ rot.transpose(0, 2, 1), np.broadcast_to(np.eye(3), rot.shape), atol=1e-9)
+
+
+@pytest.mark.parametrize("case", ["identical", "collinear", "collinear-moved", "collinear-different", "planar",
+                                  "two-atoms", "one-atom", "mirror-tetrahedron", "mirror-random", "all-same-point"])
+def test_degenerate_inputs(case):
+    rng = np.random.default_rng(6)
+    rot = random_rotation(rng)
+    line = np.outer(np.arange(8.0), [1, 2, 3]) + 5
+    tet = np.array([[1, 1, 1], [1, -1, -1], [-1, 1, -1], [-1, -1, 1.0]])
+    pts = rng.normal(size=(12, 3))
+    planar = pts * [1, 1, 0]
+    x, y = {
+        "identical": (pts, pts),
+        "collinear": (line, line),
+        "collinear-moved": (line @ rot.T + 3, line),
+        "collinear-different": (line, np.outer(np.arange(8.0) ** 1.2, [3, 1, 0])),
+        "planar": (planar @ rot.T - 2, planar),
+        "two-atoms": (pts[:2], pts[2:4]),
+        "one-atom": (pts[:1], pts[1:2]),
+        "mirror-tetrahedron": (tet, tet * [1, 1, -1]),
+        "mirror-random": (pts, pts * [1, 1, -1]),
+        "all-same-point": (np.ones((4, 3)), np.full((4, 3), 2.0)),
+    }[case]
+    r = rmsd(x, y, device="cpu")
+    expected = kabsch(x, y)[0]
+    assert np.isfinite(r).all()
+    assert r[0] == pytest.approx(expected, abs=1e-7)
+    assert pairwise_rmsd(np.stack([x, y]), device="cpu")[0, 1] == pytest.approx(expected, abs=1e-6)
+    if len(x) >= 3:
+        res = superpose(x, y, device="cpu")
+        _check_proper(res.rotation)
+        direct = np.sqrt(((res.coords[0] - y) ** 2).sum(1).mean())
+        assert direct == pytest.approx(expected, abs=1e-7)
+        assert res.rmsd[0] == pytest.approx(direct, abs=1e-7)
+
+
+def test_jacobi_fallback_matches_eigh():
+    rng = np.random.default_rng(7)
+    a = rng.normal(size=(50, 4, 4))
+    a = a + a.transpose(0, 2, 1)
+    a[:10] = np.diag([1.0, 3.0, 3.0, -7.0])  # repeated top eigenvalue
+    k = [a[:, i, j] for i, j in ((0, 0), (0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3), (2, 2), (2, 3), (3, 3))]
+    q = sp._jacobi_top_eigenvector(k)
+    ev = np.linalg.eigvalsh(a)[:, -1]
+    np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, atol=1e-12)
+    np.testing.assert_allclose(np.einsum("pi,pij,pj->p", q, a, q), ev, atol=1e-10)
+
+
+# --------------------------------------------------------------------------------------------------
+# Hypothesis: invariances and the rotation's meaning
+
+coord = st.floats(min_value=-50, max_value=50, allow_nan=False, allow_infinity=False, width=64)
+
+
+@st.composite
+def structures(draw, min_atoms=3, max_atoms=12):
+    n = draw(st.integers(min_atoms, max_atoms))
+    pts = np.array(draw(st.lists(st.tuples(coord, coord, coord), min_size=n, max_size=n)), dtype=np.float64)
+    return pts
+
+
+@st.composite
+def rigid_motions(draw):
+    q = np.array(draw(st.tuples(*[st.floats(-1, 1, allow_nan=False)] * 4)))
+    assume(np.linalg.norm(q) > 0.1)
+    t = np.array(draw(st.tuples(coord, coord, coord)))
+    return sp._quaternion_to_rotation((q / np.linalg.norm(q))[None])[0], t
+
+
+def _scale(x):
+    return max(1.0, float(np.abs(x - x.mean(0)).max()))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(structures(), st.data(), rigid_motions(), rigid_motions())
+def test_rmsd_invariant_under_rigid_motion(x, data, m1, m2):
+    noise = np.array(data.draw(st.lists(st.tuples(*[st.floats(-2, 2, allow_nan=False)] * 3),
+                                        min_size=len(x), max_size=len(x))))
+    y = x + noise
+    (r1, t1), (r2, t2) = m1, m2
+    base = rmsd(x, y, device="cpu")[0]
+    moved = rmsd(x @ r1.T + t1, y @ r2.T + t2, device="cpu")[0]
+    assert np.isfinite(base)
+    tol = 1e-7 * _scale(x) + 1e-9 * max(1.0, np.abs(t1).max(), np.abs(t2).max()) * _scale(x)
+    assert abs(moved - base) <= max(tol, 2e-6)
+    assert abs(base - kabsch(x, y)[0]) <= max(tol, 2e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(structures(), rigid_motions())
+def test_rotation_maps_mobile_onto_reference(y, motion):
+    r, t = motion
+    x = y @ r.T + t  # mobile is a moved copy: superposition must undo the motion
+    res = superpose(x, y, device="cpu")
+    _check_proper(res.rotation)
+    scale = _scale(y)
+    assert res.rmsd[0] <= 1e-6 * scale + 1e-9
+    np.testing.assert_allclose(res.coords[0], y, atol=1e-6 * scale + 1e-6 * np.abs(t).max())
+
+
+@settings(max_examples=40, deadline=None)
+@given(structures(min_atoms=1, max_atoms=6), st.sampled_from(["self", "mirror", "collinear", "planar"]))
+def test_degenerate_never_nan(x, kind):
+    if kind == "mirror":
+        y = x * [1, 1, -1]
+    elif kind == "collinear":
+        x = np.outer(x[:, 0], [1, -2, 0.5])
+        y = np.outer(np.sort(x[:, 0]), [0, 1, 0])
+    elif kind == "planar":
+        x = x * [1, 1, 0]
+        y = x[::-1] * [1, 0, 1]
+    else:
+        y = x
+    r = rmsd(x, y, device="cpu")
+    assert np.isfinite(r).all()
+    assert r[0] == pytest.approx(kabsch(x, y)[0], abs=1e-6 * _scale(np.vstack([x, y])))
+    if len(x) >= 3:
+        _check_proper(superpose(x, y, device="cpu").rotation)
+
+
+# --------------------------------------------------------------------------------------------------
+# All-vs-all
+
+
+@pytest.mark.parametrize("precision,tol", [("float64", 1e-6), ("float32", 1e-3)])
+def test_pairwise_matches_kabsch(precision, tol):
+    rng = np.random.default_rng(8)
+    base = rng.normal(size=(50, 3)) * 8
+    x = (base + rng.normal(size=(23, 50, 3)) * rng.uniform(0.001, 2, size=(23, 1, 1))).astype(np.float32)
+    x = np.einsum("fij,fnj->fni", np.stack([random_rotation(rng) for _ in range(23)]), x).astype(np.float32)
+    d = pairwise_rmsd(x, precision=precision, device="cpu")
+    ref = kabsch_rmsd_matrix(x, x)
+    assert d.dtype == np.float32 and d.shape == (23, 23)
+    assert np.abs(d - ref).max() <= tol
+    assert (d == d.T).all() and (np.diag(d) == 0).all()
+
+
+@pytest.mark.parametrize("tile", [1, 4, 7, 64])
+def test_tile_size_does_not_change_results(tile):
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(19, 15, 3)) * 3
+    y = rng.normal(size=(11, 15, 3)) * 3
+    full = sp._pairwise_numpy(x, tile=1000)
+    np.testing.assert_array_equal(sp._pairwise_numpy(x, tile=tile), full)
+    np.testing.assert_array_equal(sp._pairwise_numpy(x, y, tile=tile), sp._pairwise_numpy(x, y, tile=1000))
+    cond = sp._pairwise_numpy(x, tile=tile, condensed=True)
+    from scipy.spatial.distance import squareform
+
+    np.testing.assert_array_equal(squareform(cond), full)
+
+
+def test_pairwise_equals_loop_of_rmsd_and_xy():
+    rng = np.random.default_rng(10)
+    x = rng.normal(size=(9, 20, 3)) * 5
+    y = rng.normal(size=(4, 20, 3)) * 5
+    loop = np.stack([rmsd(x, y[j], device="cpu") for j in range(4)], axis=1)
+    np.testing.assert_allclose(pairwise_rmsd(x, y, device="cpu"), loop, atol=2e-6)
+    w = rng.uniform(0.5, 3, 20)
+    loopw = np.stack([rmsd(x, y[j], weights=w, device="cpu") for j in range(4)], axis=1)
+    np.testing.assert_allclose(pairwise_rmsd(x, y, weights=w, device="cpu"), loopw, atol=2e-6)
+    fit = np.arange(0, 20, 2)
+    loopf = np.stack([rmsd(x, y[j], fit=fit, device="cpu") for j in range(4)], axis=1)
+    np.testing.assert_allclose(pairwise_rmsd(x, y, fit=fit, device="cpu"), loopf, atol=2e-6)
+
+
+def test_pairwise_out_memmap_and_condensed(tmp_path):
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(13, 10, 3))
+    mm = np.lib.format.open_memmap(tmp_path / "d.npy", mode="w+", dtype=np.float64, shape=(13, 13))
+    ret = pairwise_rmsd(x, out=mm, device="cpu")
+    assert ret is mm
+    ref = kabsch_rmsd_matrix(x, x)
+    np.testing.assert_allclose(np.load(tmp_path / "d.npy"), ref, atol=1e-9)
+    c = pairwise_rmsd(x, condensed=True, device="cpu")
+    assert c.shape == (78,)
+    np.testing.assert_allclose(c, ref[np.triu_indices(13, 1)], atol=1e-5)
+    with pytest.raises(InputError, match="shape"):
+        pairwise_rmsd(x, out=np.empty((13, 12), np.float32), device="cpu")
+    with pytest.raises(InputError, match="condensed"):
+        pairwise_rmsd(x, x, condensed=True, device="cpu")
+    with pytest.raises(InputError, match="precision"):
+        pairwise_rmsd(x, precision="float16", device="cpu")
+
+
+# --------------------------------------------------------------------------------------------------
+# Real structures: MDTraj and the reference values
+
+
+def test_nmr_ensemble_reference_values(nmr, reference_values):
+    ref = reference_values["nmr_ensemble"]
+    assert nmr.n_frames == ref["n_models"] and nmr.n_atoms == ref["n_atoms"]
+    for sel, key in (("ca", "ca"), ("heavy", "heavy")):
+        r = rmsd(nmr, nmr, fit=sel, device="cpu")
+        own = np.array(ref[f"own_qcp_float64_rmsd_to_model0_{key}_nm"]) * 10
+        md_ = np.array(ref[f"mdtraj_rmsd_to_model0_{key}_nm"]) * 10
+        np.testing.assert_allclose(r, own, atol=1e-4)
+        # MDTraj (float32, nm) agrees to 1e-3 A except on its own self-RMSD (3.75e-3 A for heavy atoms).
+        np.testing.assert_allclose(r[1:], md_[1:], atol=1e-3)
+        assert r[0] <= 1e-4
+    assert len(nmr.select_indices("heavy")) == ref["n_heavy"]
+
+
+def test_nmr_ensemble_vs_mdtraj(nmr, shared_datasets):
+    md = pytest.importorskip("mdtraj")
+    t = md.load(str(shared_datasets / "mdtraj" / "2EQQ.pdb"))
+    ca = t.topology.select("name CA")
+    for j in (0, 7):
+        expect = md.rmsd(t, t, j, atom_indices=ca) * 10
+        got = rmsd(nmr, nmr, fit="ca", ref_frame=j, device="cpu")
+        mask = np.arange(t.n_frames) != j
+        np.testing.assert_allclose(got[mask], expect[mask], atol=1e-3)
+    d = pairwise_rmsd(nmr, fit=ca, device="cpu")
+    mdm = np.stack([md.rmsd(t, t, j, atom_indices=ca) for j in range(t.n_frames)], axis=1) * 10
+    off = ~np.eye(t.n_frames, dtype=bool)
+    np.testing.assert_allclose(d[off], mdm[off], atol=1e-3)
+    # fit on CA, measure heavy: against an explicit superposition
+    heavy = t.topology.select("not element H")
+    x = nmr.coords.astype(np.float64)
+    r = rmsd(nmr, nmr, fit="ca", atoms="heavy", device="cpu")
+    for f in (1, 5):
+        _, rot, tr = kabsch(x[f, ca], x[0, ca])
+        dd = x[f, heavy] @ rot.T + tr - x[0, heavy]
+        assert r[f] == pytest.approx(np.sqrt((dd**2).sum(1).mean()), abs=1e-5)
+
+
+def test_alanine_dipeptide_trajectory(shared_datasets, reference_values):
+    from protgpu.io import load
+
+    ref = reference_values["trajectory_frame0_ala_dipeptide"]
+    t = load(shared_datasets / "mdtraj" / "frame0.xtc", top=shared_datasets / "mdtraj" / "native.pdb")
+    assert t.n_frames == ref["n_frames"] and t.n_atoms == ref["n_atoms"]
+    r = rmsd(t, t, device="cpu") / 10  # nm
+    np.testing.assert_allclose(r[:10], ref["mdtraj_rmsd_all_atoms_to_frame0_nm_xtc_first10"], atol=1e-4)
+    assert r.sum() == pytest.approx(ref["mdtraj_rmsd_all_atoms_to_frame0_nm_xtc_sum"], abs=501 * 1e-5)
+    assert r[0] == 0.0
+
+
+def test_adk_trajectory_vs_mdtraj(adk, datasets):
+    md = pytest.importorskip("mdtraj")
+    t = md.load(str(datasets / "adk_dims.dcd"), top=str(datasets / "adk_open.pdb"))
+    for j in (0, 60):
+        got = rmsd(adk, adk, ref_frame=j, device="cpu")
+        mask = np.arange(t.n_frames) != j
+        np.testing.assert_allclose(got[mask], (md.rmsd(t, t, j) * 10)[mask], atol=1e-3)
+    ca = adk.select_indices("ca")
+    x = adk.coords[::7, ca]
+    d = pairwise_rmsd(x, device="cpu")
+    np.testing.assert_allclose(d, kabsch_rmsd_matrix(x, x), atol=1e-4)
+    d32 = pairwise_rmsd(x, precision="float32", device="cpu")
+    np.testing.assert_allclose(d32, kabsch_rmsd_matrix(x, x), atol=1e-3)
+
+
+def test_structure_inputs(nmr):
+    frames = [nmr.frames(i) for i in range(4)]
+    r_list = rmsd(frames, nmr.frames(0), fit="ca", device="cpu")
+    np.testing.assert_allclose(r_list, rmsd(nmr, nmr, fit="ca", device="cpu")[:4])
+    res = superpose(nmr, nmr, fit="backbone", device="cpu")
+    assert isinstance(res.coords, np.ndarray) and res.coords.dtype == np.float32
+    assert res.coords.shape == nmr.coords.shape
+    # an array reference with the same atoms borrows the Structure's selection
+    np.testing.assert_allclose(rmsd(nmr, nmr.coords[0], fit="ca", device="cpu"), rmsd(nmr, nmr, fit="ca", device="cpu"))
+
+
+def test_mdtraj_object_input(shared_datasets):
+    md = pytest.importorskip("mdtraj")
+    t = md.load(str(shared_datasets / "mdtraj" / "frame0.xtc"), top=str(shared_datasets / "mdtraj" / "native.pdb"))
+    np.testing.assert_allclose(rmsd(t[:20], t[0], device="cpu"), md.rmsd(t[:20], t, 0) * 10, atol=1e-3)
+
+
+# --------------------------------------------------------------------------------------------------
+# Errors
+
+
+def test_errors():
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(3, 10, 3))
+    with pytest.raises(InputError, match=r"10.*9|9.*10"):
+        rmsd(x, x[0, :9], device="cpu")
+    with pytest.raises(InputError, match="out of range"):
+        rmsd(x, x[0, :8], fit=np.arange(9), device="cpu")
+    # a 12-atom reference: the same 5 fitted atoms line up, all 10 vs 12 measured do not
+    ref12 = np.vstack([x[0], x[0, :2] + 1])
+    assert rmsd(x, ref12, fit=np.arange(5), device="cpu").shape == (3,)
+    bad = x.copy()
+    bad[2, 4, 1] = np.nan
+    with pytest.raises(InputError, match="frame 2"):
+        rmsd(bad, x[0], device="cpu")
+    with pytest.raises(InputError, match="frame 2"):
+        pairwise_rmsd(bad, device="cpu")
+    with pytest.raises(InputError, match="reference"):
+        rmsd(x, bad[2], device="cpu")
+    with pytest.raises(InputError, match="at least 3"):
+        superpose(x[:, :2], x[0, :2], device="cpu")
+    with pytest.raises(InputError, match="at least 3"):
+        rmsd(x, x[0], fit=[0, 1], atoms=np.arange(10), device="cpu")
+    assert rmsd(x[:, :2], x[0, :2], device="cpu").shape == (3,)  # 1-2 atoms are fine for rmsd
+    with pytest.raises(InputError, match="Structure"):
+        rmsd(x, x[0], fit="ca", device="cpu")
+    with pytest.raises(InputError, match="empty"):
+        rmsd(x, x[0], fit=np.array([], dtype=int), device="cpu")
+    with pytest.raises(InputError, match="shape"):
+        rmsd(x[..., :2], x[0], device="cpu")
+    with pytest.raises(InputError, match="weights"):
+        rmsd(x, x[0], weights=np.ones(7), device="cpu")
+    with pytest.raises(InputError, match="ref_frame"):
+        rmsd(x, x, ref_frame=5, device="cpu")
+    with pytest.raises(InputError, match="x and y"):
+        pairwise_rmsd(x, x[:, :9], device="cpu")
+
+
+def test_selection_errors(nmr):
+    with pytest.raises(InputError, match="no atoms"):
+        rmsd(nmr, nmr, fit="resname XYZ", device="cpu")
+    heavy = nmr.select("heavy")
+    assert rmsd(nmr, heavy, fit="ca", atoms="heavy", device="cpu").shape == (20,)
+    with pytest.raises(InputError, match=r"atoms selection.*423.*217"):
+        rmsd(nmr, heavy, fit="ca", atoms="protein", device="cpu")
+    with pytest.raises(InputError, match=r"fit selection.*423.*217"):
+        rmsd(nmr, heavy, device="cpu")
+
+
+def test_torch_cpu_roundtrip():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(13)
+    x = rng.normal(size=(4, 10, 3))
+    out = rmsd(torch.from_numpy(x), x[0], device="cpu")
+    assert isinstance(out, torch.Tensor)
+    np.testing.assert_allclose(out.numpy(), rmsd(x, x[0], device="cpu"))
+
+
+def test_docstring_examples():
+    import doctest
+
+    res = doctest.testmod(sp, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert res.failed == 0
+
+
+def test_cpu_path_imports_no_cupy():
+    code = ("import numpy as np, sys; from protgpu import superpose as s; s = sys.modules['protgpu.superpose']; "
+            "s.rmsd(np.ones((2,4,3)), np.ones((4,3)), device='cpu'); "
+            "s.pairwise_rmsd(np.ones((2,4,3)), device='cpu'); assert 'cupy' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _cli(argv):
+    import argparse
+
+    from protgpu.cli import _common_parsers
+    from protgpu.commands import rmsd as cmd
+
+    parser = argparse.ArgumentParser()
+    cmd.register(parser.add_subparsers(dest="command"), _common_parsers())
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_cli_rmsd(shared_datasets, tmp_path, capsys):
+    pdb = str(shared_datasets / "mdtraj" / "2EQQ.pdb")
+    out = tmp_path / "r.npz"
+    aligned = tmp_path / "aligned.pdb"
+    assert _cli(["rmsd", pdb, "--ref", pdb, "--fit", "ca", "--select", "heavy", "--out", str(out),
+                 "--superpose-out", str(aligned), "-q"]) == 0
+    got = np.load(out)
+    from protgpu.io import load
+
+    s = load(pdb)
+    np.testing.assert_allclose(got["rmsd"], rmsd(s, s, fit="ca", atoms="heavy", device="cpu"), atol=1e-6)
+    assert list(got["frame"]) == list(range(20))
+    moved = load(aligned)
+    assert moved.n_frames == 20 and moved.n_atoms == s.n_atoms
+    ca = s.select_indices("ca")
+    # aligned CA atoms sit on the reference's (PDB keeps 3 decimals)
+    d = np.sqrt(((moved.coords[:, ca] - s.coords[0, ca]) ** 2).sum(-1).mean(-1))
+    np.testing.assert_allclose(d, rmsd(s, s, fit="ca", device="cpu"), atol=2e-3)
+    assert _cli(["rmsd", pdb, "--ref", pdb, "--select", "ca", "--out", str(tmp_path / "r.csv"), "-q"]) == 0
+    assert (tmp_path / "r.csv").read_text().startswith("input,frame,rmsd_angstrom\n")
+    with pytest.raises(InputError, match="--out"):
+        _cli(["rmsd", pdb, "--ref", pdb, "--out", str(tmp_path / "r.txt")])
+
+
+def test_cli_pairwise(datasets, tmp_path, capsys):
+    dcd, top = str(datasets / "adk_dims.dcd"), str(datasets / "adk_open.pdb")
+    out = tmp_path / "d.npy"
+    assert _cli(["pairwise-rmsd", dcd, "--top", top, "--select", "ca", "--out", str(out), "-q"]) == 0
+    d = np.load(out)
+    from protgpu.io import load
+
+    s = load(dcd, top=top).select("ca")
+    np.testing.assert_allclose(d, pairwise_rmsd(s, device="cpu"), atol=1e-6)
+    assert _cli(["pairwise-rmsd", dcd, "--top", top, "--select", "ca", "--condensed", "--out",
+                 str(tmp_path / "c.npz"), "-q"]) == 0
+    c = np.load(tmp_path / "c.npz")
+    assert c["rmsd"].shape == (98 * 97 // 2,) and len(c["frame"]) == 98
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "h.png"
+    assert _cli(["pairwise-rmsd", dcd, "--top", top, "--select", "ca", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "98 frames" in capsys.readouterr().out
+
+
+def test_cli_pairwise_zarr_needs_zarr(datasets, tmp_path):
+    try:
+        import zarr  # noqa: F401
+    except ImportError:
+        with pytest.raises(InputError, match="zarr"):
+            _cli(["pairwise-rmsd", str(datasets / "adk_open.pdb"), "--out", str(tmp_path / "d.zarr")])
+        return
+    _cli(["pairwise-rmsd", str(datasets / "adk_closed.pdb"), str(datasets / "adk_open.pdb"), "--select", "ca",
+          "--out", str(tmp_path / "d.zarr"), "-q"])
+    z = zarr.open(str(tmp_path / "d.zarr"), mode="r")
+    assert z.shape == (2, 2) and z[0, 1] > 1
+
+
+# --------------------------------------------------------------------------------------------------
+# The kernel's logic on the host: qcp.cu compiled as C++ with one thread per block
+
+
+_PRELUDE = r"""
+#include <cmath>
+using std::sqrt; using std::fabs; using std::fmin; using std::fmax; using std::copysign; using std::isnan;
+struct pg_dim3 { unsigned x, y, z; };
+static pg_dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+static inline void __syncthreads() {}
+static inline double __shfl_down_sync(unsigned, double, int) { return 0.0; }
+"""
+
+
+@pytest.fixture(scope="module")
+def host_kernels(tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build the host emulation of qcp.cu")
+    from protgpu._cuda.loader import build_source
+
+    d = tmp_path_factory.mktemp("qcp_host")
+    src = _PRELUDE + build_source("qcp", sp._qcp_defines()).replace("#pragma once", "")
+    (d / "qcp.cpp").write_text(src)
+    lib = d / "qcp.so"
+    subprocess.run([cxx, "-O1", "-std=c++17", "-shared", "-fPIC", str(d / "qcp.cpp"), "-o", str(lib)], check=True)
+    so = ctypes.CDLL(str(lib))
+    p, i, ll, dd = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_double
+    so.frame_moments_f32.argtypes = so.frame_moments_f64.argtypes = [p, p, p, p, i, i, dd]
+    so.qcp_frames.argtypes = [p, p, p, i, dd, dd]
+    for name in ("b32_o32", "b32_o64", "b64_o32", "b64_o64"):
+        getattr(so, f"qcp_pairs_{name}").argtypes = [p, p, p, p, i, i, ll, ll, ll, ll, ll, ll, ll, ll, dd, i]
+    return so
+
+
+def _ptr(a):
+    return None if a is None else a.ctypes.data
+
+
+def _host_rmsd(so, x, y, w=None):
+    yc, cy, gb, inv_w = sp._centre_reference(np.asarray(y, np.float64), w)
+    f, n = x.shape[:2]
+    mom = np.empty((f, 13))
+    fn = so.frame_moments_f32 if x.dtype == np.float32 else so.frame_moments_f64
+    fn(_ptr(np.ascontiguousarray(x)), _ptr(np.ascontiguousarray(yc)), _ptr(w), _ptr(mom), f, n, inv_w)
+    r, rot = np.empty(f), np.empty((f, 3, 3))
+    so.qcp_frames(_ptr(mom), _ptr(r), _ptr(rot), f, gb, inv_w)
+    return r, rot
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_host_kernel_frames_equal_numpy_twin(host_kernels, dtype):
+    rng = np.random.default_rng(14)
+    x = (rng.normal(size=(30, 25, 3)) * 5 + 40).astype(dtype)
+    y = rng.normal(size=(25, 3)) * 5
+    w = rng.uniform(0.2, 3, 25)
+    for ww in (None, w):
+        r, rot = _host_rmsd(host_kernels, x, y, ww)
+        r0, rot0, _, _ = sp._rmsd_numpy(x, (y, None), w_fit=ww)
+        np.testing.assert_allclose(r, r0, atol=1e-10)
+        np.testing.assert_allclose(rot, rot0, atol=1e-9)
+
+
+def test_host_kernel_degenerate_cases(host_kernels):
+    tet = np.array([[1, 1, 1], [1, -1, -1], [-1, 1, -1], [-1, -1, 1.0]])
+    line = np.outer(np.arange(6.0), [1, 2, 3])
+    for x, y in ((tet, tet * [1, 1, -1]), (line, line), (line, line[::-1] * 1.1), (tet[:1], tet[1:2]),
+                 (tet[:2], tet[2:]), (np.zeros((3, 3)), np.zeros((3, 3)))):
+        r, rot = _host_rmsd(host_kernels, x[None].astype(np.float64), y)
+        r0, rot0, _, _ = sp._rmsd_numpy(x[None], (y, None))
+        assert np.isfinite(r).all() and np.isfinite(rot).all()
+        assert r[0] == pytest.approx(r0[0], abs=1e-9)
+        assert r[0] == pytest.approx(kabsch(x, y)[0], abs=1e-7)
+        assert np.linalg.det(rot[0]) == pytest.approx(1.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("blocks_dtype,out_dtype", [(np.float64, np.float64), (np.float32, np.float32),
+                                                    (np.float64, np.float32), (np.float32, np.float64)])
+def test_host_kernel_pairs_all_modes(host_kernels, blocks_dtype, out_dtype):
+    rng = np.random.default_rng(15)
+    x = rng.normal(size=(17, 12, 3)) * 4
+    prec = np.dtype(blocks_dtype)
+    a, g = sp._centre_frames_numpy(x, None, None)
+    a = a.astype(prec)
+    f, n = len(g), a.shape[1]
+    twin = sp._pairwise_numpy(x, precision=prec.name, out_dtype=np.float64)
+    name = f"qcp_pairs_b{prec.itemsize * 8}_o{np.dtype(out_dtype).itemsize * 8}"
+    fn = getattr(host_kernels, name)
+    tol = 1e-6 if out_dtype == np.float32 else 1e-12
+    # Resident dense matrix, symmetric schedule with mirror, tiles of 5 (both block layouts).
+    for layout in ("C", "F"):
+        dst = np.full((f, f), -1.0, dtype=out_dtype)
+        for i0, i1, j0, j1 in sp._tiles(f, f, 5, True):
+            blocks = np.asarray(a[3 * i0:3 * i1] @ a[3 * j0:3 * j1].T, order=layout)
+            arr, rs, cs = (blocks, blocks.shape[1], 1) if layout == "C" else (blocks.T, 1, blocks.shape[0])
+            arr = np.ascontiguousarray(arr)
+            mode = sp._MIRROR | (sp._UPPER_ONLY | sp._ZERO_DIAG if i0 == j0 else 0)
+            fn(_ptr(arr), _ptr(g), _ptr(g), _ptr(dst), i1 - i0, j1 - j0, rs, cs, i0, j0, f, i0, j0, f, 1.0 / n, mode)
+        np.testing.assert_allclose(dst, twin, atol=tol)
+        assert (dst == dst.T).all() and (np.diag(dst) == 0).all()
+    # Condensed.
+    cond = np.full(f * (f - 1) // 2, -1.0, dtype=out_dtype)
+    for i0, i1, j0, j1 in sp._tiles(f, f, 6, True):
+        blocks = np.ascontiguousarray(a[3 * i0:3 * i1] @ a[3 * j0:3 * j1].T)
+        fn(_ptr(blocks), _ptr(g), _ptr(g), _ptr(cond), i1 - i0, j1 - j0, blocks.shape[1], 1, i0, j0, 0, 0, 0, f,
+           1.0 / n, sp._CONDENSED)
+    np.testing.assert_allclose(cond, twin[np.triu_indices(f, 1)], atol=tol)
+    # A streamed tile buffer (local coordinates) of an off-diagonal tile, x against y.
+    tile = np.zeros((4, 6), dtype=out_dtype)
+    blocks = np.ascontiguousarray(a[3 * 2:3 * 6] @ a[3 * 9:3 * 15].T)
+    fn(_ptr(blocks), _ptr(g), _ptr(g), _ptr(tile), 4, 6, blocks.shape[1], 1, 2, 9, 6, 0, 0, f, 1.0 / n, 0)
+    np.testing.assert_allclose(tile, twin[2:6, 9:15], atol=tol)
+
+
+# --------------------------------------------------------------------------------------------------
+# The GPU path's orchestration (chunks, tiles, modes, streaming through pinned buffers, argument order
+# checked against the parsed .cu signatures) on a fake device: a NumPy-backed stand-in for CuPy and
+# the host-compiled kernels. The lead's GPU suite runs the real thing.
+
+
+class _FakeDeviceArray(np.ndarray):
+    def get(self, stream=None, out=None, blocking=True):
+        if out is None:
+            return np.array(self)
+        out[...] = self
+        return out
+
+
+def _fake_cupy():
+    import types
+
+    def dev(a):
+        return np.asarray(a).view(_FakeDeviceArray)
+
+    class Event:
+        def synchronize(self):
+            pass
+
+    class Stream:
+        def __init__(self, non_blocking=False):
+            pass
+
+        def record(self):
+            return Event()
+
+        def wait_event(self, ev):
+            pass
+
+    cp = types.ModuleType("cupy")
+    cp.ndarray = _FakeDeviceArray
+    cp.float64, cp.float32 = np.float64, np.float32
+    cp.asarray = lambda a, dtype=None: dev(np.asarray(a, dtype=dtype))
+    cp.ascontiguousarray = lambda a, dtype=None: dev(np.ascontiguousarray(a, dtype=dtype))
+    cp.empty = lambda shape, dtype=np.float64: dev(np.empty(shape, dtype=dtype))
+    cp.arange = lambda *a: dev(np.arange(*a))
+    cp.einsum = lambda *a, **k: dev(np.einsum(*a, **k))
+    cp.matmul = lambda *a, **k: dev(np.matmul(*a, **k))
+    cp.sqrt = lambda *a, **k: dev(np.sqrt(*a, **k))
+
+    def asnumpy(a, stream=None, out=None, blocking=True):
+        out[...] = a
+        return out
+
+    cp.asnumpy = asnumpy
+    cp.cuda = types.SimpleNamespace(Stream=Stream, get_current_stream=lambda: Stream())
+    cupyx = types.ModuleType("cupyx")
+    cupyx.empty_pinned = lambda shape, dtype=np.float64: np.empty(shape, dtype=dtype)
+    return cp, cupyx
+
+
+@pytest.fixture
+def fake_device(host_kernels, monkeypatch):
+    import protgpu._cuda as pc
+    import protgpu._cuda.blas as blas
+    from protgpu._cuda import loader
+
+    cp, cupyx = _fake_cupy()
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setitem(sys.modules, "cupyx", cupyx)
+    monkeypatch.setenv("PROTGPU_GPU_MEMORY_BUDGET", str(64 << 20))
+    launches = []
+
+    def get_kernel(name, entry, defines=None):
+        assert name == "qcp" and defines == sp._qcp_defines()
+        params = loader.entry_points(name)[entry]
+        return loader.KernelHandle(kernel=getattr(host_kernels, entry), name=f"{name}.{entry}", params=params)
+
+    def launch(h, grid, block, *args, shared_mem=0, stream=None):
+        assert len(args) == len(h.params), h.name
+        conv = []
+        for p, a in zip(h.params, args, strict=True):
+            if p.pointer:
+                if a is None:
+                    conv.append(None)
+                    continue
+                assert isinstance(a, np.ndarray) and a.dtype == np.dtype(p.dtype) and a.flags.c_contiguous, p.name
+                conv.append(a.ctypes.data)
+            else:
+                conv.append(loader._convert_arg(h, p, a).item())
+        launches.append((h.name, args[-1] if "pairs" in h.name else None))
+        h.kernel(*conv)
+
+    def matmul(a, b):  # cuBLAS may hand back either layout: use column-major to exercise the strides
+        return np.asfortranarray(a @ b).view(_FakeDeviceArray)
+
+    monkeypatch.setattr(pc, "get_kernel", get_kernel)
+    monkeypatch.setattr(pc, "launch", launch)
+    monkeypatch.setattr(blas, "matmul", matmul)
+    return launches
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fake_device_rmsd_and_superpose(fake_device, dtype):
+    rng = np.random.default_rng(16)
+    x = (rng.normal(size=(40, 30, 3)) * 5 + 9).astype(dtype)
+    y = rng.normal(size=(30, 3)) * 5
+    w = rng.uniform(0.5, 2, 30)
+    fit, meas = np.arange(0, 30, 2), np.arange(1, 30, 3)
+    for kwargs in ({}, {"fit": fit, "w_fit": w[fit]}, {"fit": fit, "meas": meas, "w_meas": w[meas]}):
+        ref = (y if "fit" not in kwargs else y[kwargs["fit"]], None if "meas" not in kwargs else y[kwargs["meas"]])
+        want = sp._rmsd_numpy(x, ref, **kwargs, want_coords=True)
+        got = sp._rmsd_cuda(x, ref, **kwargs, want_coords=True)
+        for g, e in zip(got, want, strict=True):
+            assert g.dtype == e.dtype
+            np.testing.assert_allclose(np.asarray(g), e, atol=1e-9 if dtype == np.float64 else 2e-5)
+    assert {n for n, _ in fake_device} == {f"qcp.frame_moments_{'f32' if dtype == np.float32 else 'f64'}",
+                                           "qcp.qcp_frames"}
+
+
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_fake_device_pairwise_resident_and_streamed(fake_device, precision, monkeypatch, tmp_path):
+    from scipy.spatial.distance import squareform
+
+    rng = np.random.default_rng(17)
+    x = (rng.normal(size=(37, 20, 3)) * 4).astype(np.float32)
+    y = (rng.normal(size=(11, 20, 3)) * 4).astype(np.float32)
+    tol = 1e-6
+    twin = sp._pairwise_numpy(x, precision=precision, out_dtype=np.float64)
+    twin_xy = sp._pairwise_numpy(x, y, precision=precision, out_dtype=np.float64)
+    for tile in (None, 8, 40):
+        # resident dense (mirrored) and condensed, and x against y
+        d = sp._pairwise_cuda(x, precision=precision, tile=tile)
+        np.testing.assert_allclose(d, twin, atol=tol)
+        assert (d == d.T).all() and (np.diag(d) == 0).all() and type(d) is np.ndarray
+        c = sp._pairwise_cuda(x, precision=precision, tile=tile, condensed=True)
+        np.testing.assert_allclose(squareform(c, checks=False), twin, atol=tol)
+        np.testing.assert_allclose(sp._pairwise_cuda(x, y, precision=precision, tile=tile), twin_xy, atol=tol)
+        # streamed into a host destination (memmap), dense float64 and condensed
+        mm = np.lib.format.open_memmap(tmp_path / "d.npy", mode="w+", dtype=np.float64, shape=(37, 37))
+        assert sp._pairwise_cuda(x, precision=precision, tile=tile, out=mm) is mm
+        np.testing.assert_allclose(mm, twin, atol=1e-12 if precision == "float64" else 1e-9)
+        cond = np.zeros(37 * 36 // 2, np.float32)
+        sp._pairwise_cuda(x, precision=precision, tile=tile, out=cond, condensed=True)
+        np.testing.assert_allclose(cond, twin[np.triu_indices(37, 1)], atol=tol)
+        out_xy = np.zeros((37, 11), np.float32)
+        sp._pairwise_cuda(x, y, precision=precision, tile=tile, out=out_xy)
+        np.testing.assert_allclose(out_xy, twin_xy, atol=tol)
+    modes = {m for n, m in fake_device if n.startswith("qcp.qcp_pairs")}
+    assert modes == {0, sp._MIRROR, sp._MIRROR | sp._UPPER_ONLY | sp._ZERO_DIAG, sp._CONDENSED,
+                     sp._UPPER_ONLY | sp._ZERO_DIAG}
+    # a result larger than the budget streams to the host even without out=, or is refused for device input
+    z = (rng.normal(size=(120, 4, 3)) * 4).astype(np.float32)
+    monkeypatch.setenv("PROTGPU_GPU_MEMORY_BUDGET", str(60_000))
+    n_before = len(fake_device)
+    np.testing.assert_allclose(sp._pairwise_cuda(z, precision=precision),
+                               sp._pairwise_numpy(z, precision=precision), atol=tol)
+    assert len(fake_device) - n_before > 1  # several tiles
+    from protgpu.errors import MemoryBudgetError
+
+    with pytest.raises(MemoryBudgetError, match="out="):
+        sp._pairwise_cuda(z, precision=precision, host_result=False)
+
+
+def test_fake_device_public_api(fake_device, monkeypatch):
+    import protgpu._array as pa
+
+    monkeypatch.setattr(pa, "gpu_available", lambda: True)
+    rng = np.random.default_rng(18)
+    x = (rng.normal(size=(12, 15, 3)) * 4).astype(np.float32)
+    y = x[3] + 0.1
+    r = rmsd(x, y, device="gpu")
+    assert type(r) is np.ndarray
+    np.testing.assert_allclose(r, rmsd(x, y, device="cpu"), atol=1e-9)
+    res = superpose(x, y, fit=np.arange(8), atoms=np.arange(4, 15), device="gpu")
+    ref = superpose(x, y, fit=np.arange(8), atoms=np.arange(4, 15), device="cpu")
+    assert all(type(v) is np.ndarray for v in res)
+    for g, e in zip(res, ref, strict=True):
+        np.testing.assert_allclose(g, e, atol=2e-5)
+    d = pairwise_rmsd(x, device="gpu")
+    assert type(d) is np.ndarray and d.dtype == np.float32
+    np.testing.assert_allclose(d, pairwise_rmsd(x, device="cpu"), atol=1e-6)
+    # device-resident input stays on the device
+    xd = np.asarray(x).view(_FakeDeviceArray)
+    assert isinstance(rmsd(xd, y), _FakeDeviceArray)
+    assert isinstance(pairwise_rmsd(xd, condensed=True), _FakeDeviceArray)
+    assert isinstance(superpose(xd, y).coords, _FakeDeviceArray)
+
+
+def test_fake_device_nan_host_input_named(fake_device, monkeypatch):
+    import protgpu._array as pa
+
+    monkeypatch.setattr(pa, "gpu_available", lambda: True)
+    x = np.random.default_rng(19).normal(size=(4, 9, 3))
+    x[2, 5, 1] = np.nan
+    with pytest.raises(InputError, match="frame 2"):
+        rmsd(x, x[0], device="gpu")
+    with pytest.raises(InputError, match="frame 2"):
+        superpose(x, x[0], device="gpu")
+    with pytest.raises(InputError, match="frame 2"):
+        pairwise_rmsd(x, device="gpu")
+
+
+def test_fake_device_sanitizer_section(fake_device, capsys):
+    import importlib
+    import os
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        importlib.import_module("test_superpose_gpu").check_superpose_for_sanitizer()
+    finally:
+        sys.path.pop(0)
+    assert "superpose: ok" in capsys.readouterr().out
+    names = {n for n, _ in fake_device}
+    assert names == {"qcp.frame_moments_f32", "qcp.frame_moments_f64", "qcp.qcp_frames", "qcp.qcp_pairs_b64_o32",
+                     "qcp.qcp_pairs_b64_o64", "qcp.qcp_pairs_b32_o32", "qcp.qcp_pairs_b32_o64"}
+
+
+def test_sink_mirrors_large_tiles_in_strips():
+    tile = np.random.default_rng(20).random((1100, 200)).astype(np.float32)
+    out = np.zeros((1300, 1300), np.float32)
+    sp._Sink(out, 1300, True, False).write(0, 1100, 1100, 1300, tile)
+    np.testing.assert_array_equal(out[:1100, 1100:], tile)
+    np.testing.assert_array_equal(out[1100:, :1100], tile.T)
