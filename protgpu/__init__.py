@@ -11,20 +11,37 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from ._array import gpu_available
+from .contacts import ContactMap, NativeContacts, contacts, native_contacts
 from .distances import distances
 from .errors import GPUUnavailableError, InputError, KernelCompileError, MemoryBudgetError, ProtgpuError
 from .io import load
+from .scoring import TMScoreResult, gdt, lddt, tm_score
+from .scoring.attention import attention
 from .structure import Structure
+from .superpose import SuperposeResult, pairwise_rmsd, rmsd, superpose
 
 __all__ = [
+    "ContactMap",
+    "NativeContacts",
     "GPUUnavailableError",
     "InputError",
     "KernelCompileError",
     "MemoryBudgetError",
     "ProtgpuError",
     "Structure",
+    "SuperposeResult",
+    "TMScoreResult",
     "__version__",
+    "attention",
+    "contacts",
     "distances",
+    "gdt",
     "gpu_available",
+    "lddt",
     "load",
+    "native_contacts",
+    "pairwise_rmsd",
+    "rmsd",
+    "superpose",
+    "tm_score",
 ]

@@ -29,6 +29,24 @@ def check_distances() -> None:
     print("distances: ok")
 
 
+def check_contacts() -> None:
+    from pathlib import Path
+
+    import protgpu as pg
+
+    here = Path(__file__).resolve().parents[1] / "datasets"
+    s = pg.load(here / "adk_dims.dcd", top=here / "adk_open.pdb").frames(slice(0, 3))
+    for dtype in (np.float32, np.float64):
+        coords = s.coords.astype(dtype)
+        for scheme in ("closest-heavy", "ca", "sidechain", "closest"):
+            gpu = pg.contacts(s, coords=coords, scheme=scheme, device="gpu")
+            cpu = pg.contacts(s, coords=coords, scheme=scheme, device="cpu")
+            finite = np.isfinite(cpu.distances)
+            assert np.array_equal(finite, np.isfinite(gpu.distances)), ("contacts", scheme)
+            assert np.allclose(gpu.distances[finite], cpu.distances[finite], atol=1e-4), ("contacts", scheme, dtype)
+    print("contacts: ok")
+
+
 def _from_test_module(module: str, function: str):
     """A sanitizer section that lives beside its GPU tests (tests/<module>.py)."""
     def run() -> None:
@@ -42,7 +60,10 @@ def _from_test_module(module: str, function: str):
 
 SECTIONS = {
     "distances": check_distances,
+    "contacts": check_contacts,
     "attention": _from_test_module("test_attention_gpu", "check_attention_for_sanitizer"),
+    "scoring": _from_test_module("test_scoring_gpu", "check_scoring_for_sanitizer"),
+    "superpose": _from_test_module("test_superpose_gpu", "check_superpose_for_sanitizer"),
 }
 
 
