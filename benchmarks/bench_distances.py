@@ -18,12 +18,32 @@ from _common import print_table, time_cpu, time_gpu, write_results
 COPY_BANDWIDTH = 4.24e12  # bytes read + written per second, device-to-device copy, measured on the H200
 
 
+def sweep(xd, rows, n_frames, n, out_bytes) -> None:
+    """Time the float32 matrix kernel alone for several ROWS_PER_BLOCK / block sizes."""
+    import cupy
+
+    from protgpu import _cuda
+
+    zeros = cupy.zeros((1, 9), np.float64)
+    out = cupy.empty((n_frames, n, n), np.float32)
+    for rpb in (4, 8, 16, 32):
+        h = _cuda.get_kernel("distances", "distance_matrix_f32", {"ROWS_PER_BLOCK": rpb})
+        for threads in (64, 128, 256):
+            grid = n_frames * (-(-n // rpb))
+            t = time_gpu(lambda h=h, threads=threads, grid=grid: _cuda.launch(
+                h, grid, threads, xd, xd, zeros, zeros, out, n_frames, n, n, 1, 0, 0), repeat=10)
+            rows.append({"impl": f"sweep: kernel ROWS_PER_BLOCK={rpb}, {threads} threads", "frames_timed": n_frames,
+                         "s_per_frame": t["median_s"] / n_frames, "total_s_for_all_frames": t["median_s"],
+                         "note": f"{out_bytes / t['median_s'] / 1e12:.2f} TB/s"})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--frames", type=int, default=500)
     ap.add_argument("--atoms", type=int, default=1000)
     ap.add_argument("--quick", action="store_true", help="small sizes (CPU-only machines)")
     ap.add_argument("--json", help="results file (default: benchmarks/results/distances-<device>.json)")
+    ap.add_argument("--sweep", action="store_true", help="also time the kernel's ROWS_PER_BLOCK and block sizes")
     args = ap.parse_args()
     if args.quick:
         args.frames, args.atoms = 20, 300
@@ -81,6 +101,8 @@ def main() -> None:
             rows[0]["note"] += f"; max error {err_pg:.3g} A"
         except ImportError:
             print("torch not installed: torch.cdist skipped")
+        if args.sweep:
+            sweep(xd, rows, n_frames, n, out_bytes)
         cupy.get_default_memory_pool().free_all_blocks()
     else:
         print("no usable GPU: GPU rows skipped")

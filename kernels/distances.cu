@@ -10,10 +10,10 @@
 template <typename T> struct pg_acc { typedef T type; };
 template <> struct pg_acc<float> { typedef double type; };
 
-template <typename T>
-__device__ __forceinline__ T pg_distance(const T* a, const T* b, const double* box, const double* inv, int pbc) {
-    typedef typename pg_acc<T>::type A;
-    A dx = (A)b[0] - (A)a[0], dy = (A)b[1] - (A)a[1], dz = (A)b[2] - (A)a[2];
+// |b - a| from coordinates already in the arithmetic type A (double for float data), rounded to T.
+template <typename T, typename A>
+__device__ __forceinline__ T pg_distance(const A* a, const A* b, const double* box, const double* inv, int pbc) {
+    A dx = b[0] - a[0], dy = b[1] - a[1], dz = b[2] - a[2];
     if (pbc) pg_minimum_image<A, double>(dx, dy, dz, box, inv, pbc);
     return pg_sqrt<T>((T)(dx * dx + dy * dy + dz * dz));
 }
@@ -36,6 +36,7 @@ template <typename T>
 __device__ void distance_matrix(const T* __restrict__ x, const T* __restrict__ y, const double* __restrict__ box,
                                 const double* __restrict__ inv, T* __restrict__ out, int n_frames, int n, int m,
                                 int y_frame_step, int box_step, int pbc) {
+    typedef typename pg_acc<T>::type A;
     const int tiles = (n + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
     const int f = blockIdx.x / tiles;
     if (f >= n_frames) return;
@@ -48,20 +49,22 @@ __device__ void distance_matrix(const T* __restrict__ x, const T* __restrict__ y
     T* of = out + ((i64)f * n + i0) * m;
     const bool vec = pg_vec4<T>::ok && (m % 4 == 0);
     for (int j0 = 4 * (blockIdx.y * blockDim.x + threadIdx.x); j0 < m; j0 += 4 * blockDim.x * gridDim.y) {
-        T yc[4][3];
+        // The 4 columns' coordinates, converted to the arithmetic type once and reused for every row
+        // (conversions, not the double arithmetic, would otherwise bound the float32 kernel).
+        A yc[4][3];
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
             const int j = min(j0 + c, m - 1);  // clamp: the extra columns are computed, never stored
-            yc[c][0] = yf[3 * (i64)j];
-            yc[c][1] = yf[3 * (i64)j + 1];
-            yc[c][2] = yf[3 * (i64)j + 2];
+            yc[c][0] = (A)yf[3 * (i64)j];
+            yc[c][1] = (A)yf[3 * (i64)j + 1];
+            yc[c][2] = (A)yf[3 * (i64)j + 2];
         }
 #pragma unroll 4
         for (int r = 0; r < rows; ++r) {
-            const T a[3] = {xf[3 * r], xf[3 * r + 1], xf[3 * r + 2]};
+            const A a[3] = {(A)xf[3 * r], (A)xf[3 * r + 1], (A)xf[3 * r + 2]};
             T d[4];
 #pragma unroll
-            for (int c = 0; c < 4; ++c) d[c] = pg_distance<T>(a, yc[c], bf, inf, pbc);
+            for (int c = 0; c < 4; ++c) d[c] = pg_distance<T, A>(a, yc[c], bf, inf, pbc);
             T* o = of + (i64)r * m + j0;
             bool stored = false;
             if constexpr (pg_vec4<T>::ok) {
@@ -99,9 +102,12 @@ __device__ void pair_distances(const T* __restrict__ x, const long long* __restr
     PG_GRID_STRIDE_LOOP(idx, (i64)n_frames * n_pairs) {
         const i64 f = idx / n_pairs;
         const i64 k = idx - f * n_pairs;
-        const T* xf = x + f * n * 3;
-        out[idx] = pg_distance<T>(xf + 3 * pairs[2 * k], xf + 3 * pairs[2 * k + 1], box + f * box_step * 9,
-                                  inv + f * box_step * 9, pbc);
+        typedef typename pg_acc<T>::type A;
+        const T* p = x + f * n * 3 + 3 * pairs[2 * k];
+        const T* q = x + f * n * 3 + 3 * pairs[2 * k + 1];
+        const A a[3] = {(A)p[0], (A)p[1], (A)p[2]};
+        const A b[3] = {(A)q[0], (A)q[1], (A)q[2]};
+        out[idx] = pg_distance<T, A>(a, b, box + f * box_step * 9, inv + f * box_step * 9, pbc);
     }
 }
 
