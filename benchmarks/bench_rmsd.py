@@ -23,6 +23,7 @@ Without a GPU only the CPU paths are timed. Run: ``python3 benchmarks/bench_rmsd
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import tempfile
@@ -34,7 +35,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_table, time_cpu, time_gpu, write_results  # noqa: E402
 
-import protgpu.superpose as sp  # noqa: E402
+# The module itself: `import protgpu.superpose as sp` binds the attribute protgpu.superpose, which is
+# the superpose() function re-exported by protgpu/__init__.py, not the submodule.
+sp = importlib.import_module("protgpu.superpose")
 from protgpu._array import gpu_available  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

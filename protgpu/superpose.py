@@ -22,7 +22,8 @@ Accuracy decisions (all shared, constant for constant, by the NumPy twin and the
 
 * ``G`` and ``M`` are accumulated in float64 from centred coordinates, whatever the input dtype, so
   that ``G_A + G_B - 2 l_max`` (which cancels to ~0 for near-identical structures) loses only float64
-  rounding: self-RMSD comes out near 1e-7 Angstrom rather than MDTraj's ~4e-3.
+  rounding: ~3e-7 Angstrom after the square root at worst (MDTraj's float32 gives ~4e-3), and ~1e-14
+  for :func:`rmsd` / :func:`superpose`, which re-measure such frames (below).
 * Newton's iteration starts from ``hi = min((G_A + G_B) / 2, sqrt(3) |M|_F)`` (both upper bounds of
   ``l_max``; the second saves ~8 steps for dissimilar structures), only ever moves down, and stops at
   the first step that is not larger than ``1e-14 (G_A + G_B) / 2``. It takes no step where
@@ -38,6 +39,16 @@ Accuracy decisions (all shared, constant for constant, by the NumPy twin and the
 * For :func:`rmsd` and :func:`superpose` (which compute the rotation anyway), ``l_max`` is replaced
   by the Rayleigh quotient ``q^T K q`` of the returned quaternion: the reported RMSD is then exactly
   that of the returned superposition, and it is second-order accurate even where Newton is not.
+* Near-identical frames: ``G_A + G_B - 2 l_max`` cancels, and its float64 rounding noise
+  (~eps (G_A + G_B) / W, about 1e-13 Angstrom^2 for a protein) becomes an RMSD of
+  ~sqrt(eps) R_g ~ 3e-7 Angstrom (or exactly 0, depending on the sign of the noise) after the square
+  root. Where ``RMSD^2 <= 1e-6 (G_A + G_B) / W`` (the formula has then lost at least 6 of its 16
+  digits; only self and near-duplicate frames, < ~0.03 Angstrom for a protein), :func:`rmsd` and
+  :func:`superpose` measure instead ``sqrt(sum w |R (x - c_x) - (y - c_y)|^2 / W)`` in float64 on the
+  fitted atoms with the returned rotation (the same quantity without the cancellation: the rotation
+  itself is accurate to eps, being an eigenvector of a well-separated eigenvalue or Jacobi's): self-RMSD
+  then comes out ~1e-14 Angstrom, float32 input included. :func:`pairwise_rmsd` keeps the noise
+  (~1e-7 to 1e-6 Angstrom for duplicate frames; self-pairs are exactly 0).
   :func:`pairwise_rmsd` takes the Newton value, and refines it the same way only for the rare pairs
   at a near-repeated root (Newton needed more than 12 steps, or ``|P'(l)| < 1e-3 hi^3`` where it
   stopped); real protein conformations never need it.
@@ -71,6 +82,8 @@ _NEWTON_FLAT = 1e-8  # no Newton step where P' <= this * hi^3: P, P' are roundin
 # eigenvalues to eps |K| whatever their multiplicity.
 _ADJ_TINY = 1e-3
 _JACOBI_SWEEPS = 10  # cyclic Jacobi sweeps on the 4 x 4 key matrix (converges in ~5)
+# RMSD^2 at most this fraction of (G_A + G_B) / W: re-measure on the coordinates (see the module notes).
+_DIRECT_TAU = 1e-6
 
 # Pair kernel output modes (bit flags; same values in qcp.cu).
 _MIRROR, _ZERO_DIAG, _UPPER_ONLY, _CONDENSED = 1, 2, 4, 8
@@ -617,6 +630,16 @@ def _moments_numpy(x, ops: _MomentOperands):
     return cs + shift, ga, m
 
 
+def _direct_rmsd_numpy(xs, cx, rot, yc, w, inv_w):
+    """``sqrt(sum w |R (x - c_x) - yc|^2 / W)`` in float64 for frames ``xs`` (P, N, 3) with centroids
+    ``cx`` (P, 3) and rotations ``rot`` (P, 3, 3), against the centred reference ``yc`` (N, 3): the
+    RMSD of the superposition measured on the coordinates (no cancellation near 0)."""
+    xc = np.asarray(xs, dtype=np.float64) - cx[:, None, :]
+    d = np.matmul(xc, rot.transpose(0, 2, 1)) - yc
+    sq = np.einsum("fni,fni->fn", d, d)
+    return np.sqrt((sq.sum(axis=1) if w is None else sq @ w) * inv_w)
+
+
 def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_coords=False):
     """The NumPy twin of :func:`rmsd` / :func:`superpose` (also their CPU path).
 
@@ -653,6 +676,14 @@ def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_co
     # 2. QCP for all frames at once (13 numbers per frame).
     r, rot = _qcp_full(m, ga, gb, inv_w)
     t = cy - np.einsum("fij,fj->fi", rot, cx)
+    if ref_meas is None:
+        # Near-identical frames: re-measure without the cancellation (module notes).
+        small = np.flatnonzero(r * r <= _DIRECT_TAU * (ga + gb) * inv_w)
+        chunk = rows_per_chunk(len(yc) * 3 * 8 * 3, max(small.size, 1), _CACHE_CHUNK_BYTES)
+        for k0 in range(0, small.size, chunk):
+            sel = small[k0:k0 + chunk]
+            xs = x[sel] if fit is None else x[sel][:, fit]
+            r[sel] = _direct_rmsd_numpy(xs, cx[sel], rot[sel], yc, w_fit, inv_w)
     # 3. Measured atoms other than the fitted ones, and the moved coordinates.
     coords = np.empty(x.shape, dtype=_float_dtype(x.dtype)) if want_coords else None
     if ref_meas is not None or want_coords:
@@ -733,6 +764,15 @@ def _rmsd_cuda(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_coo
         cx = mom[:, 10:13]
         t = cy_d - cp.einsum("fij,fj->fi", rot, cx)
         out_t[f0:f1] = t
+        if ref_meas_d is None:
+            # Near-identical frames: re-measure on the coordinates, as the NumPy twin (module notes).
+            # Finding them synchronises once per chunk; there are rarely any to re-measure.
+            small = cp.flatnonzero(r * r <= _DIRECT_TAU * (mom[:, 9] + gb) * inv_w)
+            if small.size:
+                xc = xf[small].astype(cp.float64) - cx[small][:, None, :]
+                d = cp.matmul(xc, rot[small].transpose(0, 2, 1)) - yc_d
+                sq = (d * d).sum(axis=2)
+                r[small] = cp.sqrt((sq.sum(axis=1) if wf_d is None else sq @ wf_d) * inv_w)
         if ref_meas_d is not None:
             xm = xs[:, meas_d].astype(cp.float64)
             d = cp.matmul(xm, rot.transpose(0, 2, 1)) + t[:, None, :] - ref_meas_d
@@ -816,7 +856,8 @@ def rmsd(mobile, reference, *, fit=None, atoms=None, weights=None, ref_frame: in
     -----
     One or two atoms are accepted: the RMSD after superposition is still well defined (0 for one
     atom, half the difference of the two lengths for two). Precision: float64 accumulation and QCP
-    whatever the input dtype; self-RMSD is ~1e-7 Angstrom.
+    whatever the input dtype; self-RMSD is ~1e-14 Angstrom (near-identical frames are re-measured
+    on the coordinates with the fitted rotation, avoiding the cancellation of the QCP formula).
 
     Examples
     --------
