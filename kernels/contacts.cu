@@ -200,7 +200,7 @@ __device__ void contact_map_body(const T* __restrict__ xyz, const int* __restric
             const i64 o = (i64)f * RR + (i64)i * n_res + j;
             if (dist) dist[o] = d;
             if (contact) contact[o] = c ? 1 : 0;
-            if (counts && c) atomicAdd(&counts[(i64)i * n_res + j], 1u);
+            if (counts && c) atomicAdd(&counts[(i64)i * n_res + j], 1u);  // c implies i < j
         }
         // Mirror (j > i) into row j, i fastest so that the stores along row j are contiguous.
         if (dist || contact) {
@@ -254,7 +254,9 @@ __device__ void contact_map(const T* xyz, const int* atom_idx, const int* row_id
 //   different residues and their shared-memory atomicMin rarely hit the same address;
 //   starts (R+1,); rb_starts (n_rb+1,);
 //   res_chain, res_seq (R,); box, inv (Fb, 9) with Fb = F (box_step 1) or 1 (box_step 0), unused if pbc 0;
-//   dist (F, R, R) or NULL; contact (F, R, R) uint8 or NULL; counts (R, R) upper triangle, or NULL;
+//   dist (F, R, R) or NULL; contact (F, R, R) uint8 or NULL; counts (R, R) or NULL: only the strict
+//   upper triangle (i < j) is incremented, once per frame in contact (the pair's unique (row block,
+//   column chunk) visit; the mirror pass does not count), so the host adds the transpose once;
 //   near2: squared half plane spacing of the box (triclinic only; for per-frame boxes the smallest).
 extern "C" __global__ __launch_bounds__(256) void contact_map_f32(const float* xyz, const int* atom_idx,
         const int* row_idx, const int* row_res, const int* starts, const int* rb_starts, const int* res_chain,

@@ -741,7 +741,9 @@ def _contacts_cuda(x, atom_idx, starts, chain, seq, box, *, cutoff, min_sep, int
 
     ``x`` is a NumPy or CuPy (F, N, 3) array of the work dtype. ``keep`` is ``"dense"``, ``"pairs"`` or
     ``"frequency"``. Returns (distances, contacts, counts, pairs) where dense outputs are host arrays
-    when ``dense_on_host`` else device arrays.
+    when ``dense_on_host`` else device arrays. ``counts`` is a CuPy (R, R) uint32 array, symmetric
+    with a zero diagonal: per residue pair, the number of frames in contact (the kernel counts the
+    upper triangle only; the transpose is added here, once), so ``counts / F`` is the frequency.
     """
     import cupy
 
@@ -794,7 +796,7 @@ def _contacts_cuda(x, atom_idx, starts, chain, seq, box, *, cutoff, min_sep, int
         else:
             pairs = ContactPairs(cupy.zeros(0, np.int64), cupy.zeros(0, np.int32), cupy.zeros(0, np.int32),
                                  cupy.zeros(0, dtype))
-    counts = counts + counts.T
+    counts = counts + counts.T  # the kernel fills i < j only: mirror once, the result is complete
     return dist_all, cont_all, counts, pairs
 
 

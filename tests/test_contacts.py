@@ -7,6 +7,12 @@ write logic on the CPU."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import importlib
+import re
+import sys
+import types
 import warnings
 
 import numpy as np
@@ -15,10 +21,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import protgpu as pg
+from protgpu import _cuda
+from protgpu._array import Backend
 from protgpu.contacts import (
     SCHEMES,
+    _contacts_cuda,
     _interleaved_rows,
-    _row_blocks,
     allowed_pairs,
     contacts,
     half_plane_spacing_sq,
@@ -30,6 +38,7 @@ from protgpu.errors import InputError
 from protgpu.structure import AtomTable, Structure
 
 md = pytest.importorskip("mdtraj")
+contacts_module = importlib.import_module("protgpu.contacts")  # protgpu.contacts is also the function
 pytestmark = pytest.mark.filterwarnings("ignore:Unlikely unit cell vectors:UserWarning")
 
 TOL = 1e-4  # Angstrom
@@ -103,93 +112,208 @@ def _random_system(rng, n_res, max_atoms, n_frames=2, empty_ok=True, scale=12.0,
     return x, atom_idx, starts
 
 
-def _emulate_kernel(x, atom_idx, starts, chain, seq, *, min_sep, inter_chain, cutoff, RB, JT, COLS, RPT,
-                    max_threads=256):
-    """The loops of kernels/contacts.cu (contact_map_body, PBC none) in NumPy, statement by statement,
-    with the host's row blocks, interleaved row order and thread count from protgpu.contacts. Returns
-    dist, contact, counts and how many times each (frame, i, j) output was written (exactly once)."""
-    f_n = x.shape[0]
-    n_res = len(starts) - 1
-    bounds = _row_blocks(np.asarray(starts), rb=RB, cap=max_threads * RPT)
-    most = int(np.max(starts[bounds[1:]] - starts[bounds[:-1]]))
-    per_thread = -(-max(most, 1) // RPT)
-    nt = int(min(max_threads, max(32, (per_thread + 31) // 32 * 32)))
-    row_idx, row_res = _interleaved_rows(atom_idx, np.asarray(starts), bounds)
-    cols_t = COLS if x.dtype == np.float32 else COLS // 2
-    dist = np.full((f_n, n_res, n_res), np.nan, dtype=x.dtype)
-    contact = np.zeros((f_n, n_res, n_res), dtype=bool)
-    counts = np.zeros((n_res, n_res), dtype=np.int64)
-    written = np.zeros((f_n, n_res, n_res), dtype=np.int64)
+# --------------------------------------------------------------------------------------------------
+# The CUDA path on the CPU: protgpu.contacts' host code (_GPUPlan, _contacts_cuda, contacts(device="gpu"))
+# runs unchanged against a NumPy stand-in for CuPy, and its kernel launches run _emulate_contact_map,
+# a statement-by-statement NumPy transcription of contact_map_body (PBC none). The emulation takes the
+# launch's arguments by the entry point's parameter names (parsed from kernels/contacts.cu) and its
+# pointer outputs as flat buffers, so the host/kernel contract (what the host passes, what the kernel
+# writes, what the host then makes of it) is checked here, not just the kernel's loops.
 
-    def ok(i, j):
+
+class _FakeDeviceArray(np.ndarray):
+    """A NumPy array standing in for a CuPy one (``.get()`` copies it to a plain ndarray)."""
+
+    def get(self):
+        return np.array(self)
+
+
+def _dev(a):
+    return np.asarray(a).view(_FakeDeviceArray)
+
+
+def _fake_cupy():
+    m = types.ModuleType("cupy")
+    m.ndarray = _FakeDeviceArray
+    m.float64 = np.float64
+    m.asarray = lambda a, dtype=None: _dev(np.array(a, dtype=dtype, copy=None))
+    m.ascontiguousarray = lambda a: _dev(np.ascontiguousarray(a))
+    m.zeros = lambda shape, dtype=float: _dev(np.zeros(shape, dtype))
+    m.ones = lambda shape, dtype=float: _dev(np.ones(shape, dtype))
+    m.triu = lambda a, k=0: _dev(np.triu(a, k))
+    m.nonzero = lambda a: tuple(_dev(v) for v in np.nonzero(a))
+    m.concatenate = lambda arrays: _dev(np.concatenate([np.asarray(a) for a in arrays]))
+
+    def empty(shape, dtype=float):
+        # device memory is not cleared: poison it so that an output the kernel never writes shows
+        out = np.empty(shape, dtype)
+        out.fill(np.nan if out.dtype.kind == "f" else 0xAB)
+        return _dev(out)
+
+    m.empty = empty
+    return m
+
+
+def _kernel_defaults():
+    """The tile #defines of kernels/contacts.cu and their default values."""
+    src = (_cuda.kernel_dir() / "contacts.cu").read_text()
+    return {k: int(v) for k, v in re.findall(r"#ifndef (\w+)\s*\n#define \1 (\d+)", src)}
+
+
+def _fake_get_kernel(name, entry, defines=None):
+    assert name == "contacts"
+    return types.SimpleNamespace(name=name, entry=entry, params=_cuda.entry_points(name)[entry],
+                                 defines={**_kernel_defaults(), **(defines or {})})
+
+
+def _fake_launch(record, handle, grid, block, *args, shared_mem=0):
+    """protgpu._cuda.launch's argument checks, then the emulated kernel."""
+    assert len(args) == len(handle.params)
+    named = {}
+    for p, a in zip(handle.params, args, strict=True):
+        if p.pointer:
+            assert a is None or (isinstance(a, _FakeDeviceArray) and a.dtype == p.dtype and a.flags.c_contiguous), \
+                (p.name, type(a), getattr(a, "dtype", None))
+            named[p.name] = None if a is None else a.reshape(-1)  # a flat view: the kernel's pointer
+        else:
+            v = p.dtype(a)
+            assert v == a, (p.name, a)
+            named[p.name] = v
+    assert isinstance(grid, int) and 0 < grid < 2**31 and isinstance(block, int)
+    assert 32 <= block <= 256 and block % 32 == 0
+    record["launches"].append(_emulate_contact_map(named, grid, block, handle.defines))
+
+
+def _emulate_contact_map(a, grid, nt, defines):
+    """contact_map_body<T, PG_PBC_NONE> for every block of the grid. Writes a["dist"], a["contact"],
+    a["counts"] (flat, as the kernel's pointers) in place; returns how often each dist/contact element
+    (frame, i, j) of this launch was written."""
+    assert a["pbc"] == 0, "the emulation covers the non-periodic kernel"
+    RPT, RB, JT, COLS = (defines[k] for k in ("RPT", "RB", "JT", "COLS"))
+    xyz, atom_idx, row_idx, row_res = a["xyz"], a["atom_idx"], a["row_idx"], a["row_res"]
+    starts, rb_starts, chain, seq = a["starts"], a["rb_starts"], a["res_chain"], a["res_seq"]
+    dist, contact, counts = a["dist"], a["contact"], a["counts"]
+    n_frames, n_atoms, n_res, n_rb = (int(a[k]) for k in ("n_frames", "n_atoms", "n_res", "n_rb"))
+    T = xyz.dtype.type
+    cutoff = T(a["cutoff"])
+    cols_t = COLS if xyz.dtype == np.float32 else COLS // 2
+    RR = n_res * n_res
+    written = np.zeros(n_frames * RR, dtype=np.int64)
+
+    def allowed(i, j):  # pg_pair_allowed
         if i == j:
             return False
         if chain[i] != chain[j]:
-            return bool(inter_chain)
-        return abs(int(seq[i]) - int(seq[j])) >= min_sep
+            return a["inter_chain"] != 0
+        return abs(int(seq[i]) - int(seq[j])) >= a["min_sep"]
 
-    for f in range(f_n):
-        xf = x[f]
-        for rb in range(len(bounds) - 1):
-            i0, i1 = int(bounds[rb]), int(bounds[rb + 1])
-            n_i = i1 - i0
-            assert n_i <= RB
-            a0, a1 = int(starts[i0]), int(starts[i1])
-            j0 = i0
-            while j0 < n_res:
-                j1 = j0 + 1
-                lim = min(j0 + JT, n_res)
-                base = starts[j0]
-                while j1 < lim and starts[j1 + 1] - base <= cols_t:
-                    j1 += 1
-                n_j = j1 - j0
-                assert n_i * n_j <= RB * JT
-                s_min = np.full(n_i * n_j, np.inf, dtype=x.dtype)
-                s_cs = starts[j0:j1 + 1]
-                b0, b1 = int(s_cs[0]), int(s_cs[n_j])
-                for sb in range(b0, b1, cols_t):
-                    se = min(sb + cols_t, b1)
-                    s_col = xf[atom_idx[sb:se]]
-                    assert len(s_col) <= cols_t
-                    for rbase in range(a0, a1, nt * RPT):
-                        for r in range(RPT):
-                            a = rbase + np.arange(nt) + r * nt
-                            a = a[a < a1]
-                            if a.size == 0:
+    def atoms(idx, xf):  # the kernel's p = xf + idx * 3; p[0], p[1], p[2]
+        p = xf + idx.astype(np.int64) * 3
+        return np.stack([xyz[p], xyz[p + 1], xyz[p + 2]], axis=-1)
+
+    for bid in range(grid):
+        f = bid // n_rb
+        if f >= n_frames:
+            continue
+        rb = bid - f * n_rb
+        I0, I1 = int(rb_starts[rb]), int(rb_starts[rb + 1])
+        nI = I1 - I0
+        A0, A1 = int(starts[I0]), int(starts[I1])
+        xf = f * n_atoms * 3
+        j0 = I0
+        while j0 < n_res:
+            j1 = j0 + 1
+            lim = min(j0 + JT, n_res)
+            base = int(starts[j0])
+            while j1 < lim and starts[j1 + 1] - base <= cols_t:
+                j1 += 1
+            nj = j1 - j0
+            assert nI * nj <= RB * JT and nj <= JT  # s_min[RB * JT], s_cs[JT + 1]
+            s_min = np.full(nI * nj, np.inf, dtype=T)
+            s_cs = starts[j0:j0 + nj + 1].astype(np.int64)
+            B0, B1 = int(s_cs[0]), int(s_cs[nj])
+            for sb in range(B0, B1, cols_t):
+                se = min(sb + cols_t, B1)
+                s_col = atoms(atom_idx[sb:se], xf)
+                for rbase in range(A0, A1, nt * RPT):
+                    for r in range(RPT):  # thread tid's r-th row atom, all threads at once
+                        at = rbase + np.arange(nt) + r * nt
+                        at = at[at < A1]
+                        if at.size == 0:
+                            continue
+                        rows = atoms(row_idx[at], xf)
+                        ril = row_res[at].astype(np.int64) - I0
+                        assert ((ril >= 0) & (ril < nI)).all()
+                        for jl in range(nj):
+                            lo, hi = max(int(s_cs[jl]), sb) - sb, min(int(s_cs[jl + 1]), se) - sb
+                            if lo >= hi:
                                 continue
-                            rows = xf[row_idx[a]]
-                            ril = row_res[a] - i0
-                            for jl in range(n_j):
-                                lo, hi = max(int(s_cs[jl]), sb) - sb, min(int(s_cs[jl + 1]), se) - sb
-                                if lo >= hi:
-                                    continue
-                                d = s_col[None, lo:hi] - rows[:, None]
-                                d2 = (d[..., 0] * d[..., 0] + d[..., 1] * d[..., 1]) + d[..., 2] * d[..., 2]
-                                np.minimum.at(s_min, ril * n_j + jl, d2.min(axis=1))
-                for k in range(n_i * n_j):  # upper
-                    il, jl = divmod(k, n_j)
-                    i, j = i0 + il, j0 + jl
-                    if j < i:
-                        continue
-                    good = ok(i, j)
-                    d = np.sqrt(s_min[k]) if good else np.inf
-                    c = good and d < cutoff
-                    dist[f, i, j] = d
-                    contact[f, i, j] = c
-                    written[f, i, j] += 1
-                    counts[i, j] += int(c)
-                for k in range(n_i * n_j):  # mirror
-                    jl, il = divmod(k, n_i)
-                    i, j = i0 + il, j0 + jl
+                            d = s_col[None, lo:hi] - rows[:, None]
+                            d2 = (d[..., 0] * d[..., 0] + d[..., 1] * d[..., 1]) + d[..., 2] * d[..., 2]
+                            np.minimum.at(s_min, ril * nj + jl, d2.min(axis=1))  # atomicMin
+            for k in range(nI * nj):  # upper triangle
+                il, jl = divmod(k, nj)
+                i, j = I0 + il, j0 + jl
+                if j < i:
+                    continue
+                ok = allowed(i, j)
+                d = np.sqrt(s_min[k]) if ok else T(np.inf)
+                c = ok and d < cutoff
+                o = f * RR + i * n_res + j
+                if dist is not None:
+                    dist[o] = d
+                if contact is not None:
+                    contact[o] = 1 if c else 0
+                if dist is not None or contact is not None:
+                    written[o] += 1
+                if counts is not None and c:
+                    counts[i * n_res + j] += 1  # atomicAdd
+            if dist is not None or contact is not None:
+                for k in range(nI * nj):  # mirror
+                    jl, il = divmod(k, nI)
+                    i, j = I0 + il, j0 + jl
                     if j <= i:
                         continue
-                    good = ok(i, j)
-                    d = np.sqrt(s_min[il * n_j + jl]) if good else np.inf
-                    dist[f, j, i] = d
-                    contact[f, j, i] = good and d < cutoff
-                    written[f, j, i] += 1
-                j0 = j1
-    return dist, contact, counts, written
+                    ok = allowed(i, j)
+                    d = np.sqrt(s_min[il * nj + jl]) if ok else T(np.inf)
+                    o = f * RR + j * n_res + i
+                    if dist is not None:
+                        dist[o] = d
+                    if contact is not None:
+                        contact[o] = 1 if (ok and d < cutoff) else 0
+                    written[o] += 1
+            j0 = j1
+    return written.reshape(n_frames, n_res, n_res)
+
+
+@contextlib.contextmanager
+def _emulated_gpu(max_threads=None, budget=1 << 30):
+    """Within the block, protgpu.contacts' GPU path runs on the CPU: NumPy stands in for CuPy, the
+    emulation for the kernel, and contacts(device="gpu") takes the GPU branch (NumPy in, NumPy out).
+    Yields a record whose "launches" list gets each launch's write counts."""
+    record = {"launches": []}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "cupy", _fake_cupy())
+        mp.setattr(_cuda, "get_kernel", _fake_get_kernel)
+        mp.setattr(_cuda, "launch", functools.partial(_fake_launch, record))
+        mp.setattr(contacts_module, "dispatch",
+                   lambda *inputs, device="auto": Backend("numpy", "cpu" if device == "cpu" else "gpu"))
+        mp.setenv("PROTGPU_GPU_MEMORY_BUDGET", str(int(budget)))
+        if max_threads is not None:
+            mp.setattr(contacts_module, "_MAX_THREADS", int(max_threads))
+        yield record
+
+
+def _emulate_kernel(x, atom_idx, starts, chain, seq, *, min_sep, inter_chain, cutoff, RB, JT, COLS, RPT,
+                    max_threads=256, budget=1 << 30):
+    """_contacts_cuda (dense, device outputs) on the emulated GPU with the given tile #defines. Returns
+    its dist, contact and counts as NumPy arrays and how often each (frame, i, j) output was written."""
+    with _emulated_gpu(max_threads=max_threads, budget=budget) as rec:
+        d, c, counts, _ = _contacts_cuda(x, atom_idx, starts, chain, seq, None, cutoff=cutoff, min_sep=min_sep,
+                                         inter_chain=inter_chain, keep="dense", dense_on_host=False,
+                                         defines={"RB": RB, "JT": JT, "COLS": COLS, "RPT": RPT})
+        written = np.concatenate(rec["launches"])
+        return d.get(), c.get(), counts.get(), written
 
 
 # --------------------------------------------------------------------------------------------------
@@ -418,7 +542,8 @@ def test_twin_equals_brute_force_for_any_tiling(seed, tile, chunk, threads, sep,
        dtype=st.sampled_from([np.float32, np.float64]))
 def test_kernel_loop_emulation_equals_twin(seed, rb, jt, cols, rpt, dtype):
     """Blocks, column chunks, staging passes (a residue larger than COLS) and row passes (a residue
-    larger than blockDim * RPT) as the kernel runs them; every output is written exactly once."""
+    larger than blockDim * RPT) as the kernel runs them, launched by the host code; every output is
+    written exactly once and every pair counted once per frame in contact."""
     rng = np.random.default_rng(seed)
     n_res = int(rng.integers(1, 12))
     x, atom_idx, starts = _random_system(rng, n_res, max_atoms=7, n_frames=2, dtype=dtype)
@@ -432,7 +557,8 @@ def test_kernel_loop_emulation_equals_twin(seed, rb, jt, cols, rpt, dtype):
     want = residue_distances_numpy(x, atom_idx, starts, allowed)
     np.testing.assert_array_equal(dist, want)
     np.testing.assert_array_equal(contact, want < 9.0)
-    np.testing.assert_array_equal(counts + counts.T, (want < 9.0).sum(axis=0))
+    # the counts _contacts_cuda returns are already symmetric: the frames each pair is in contact
+    np.testing.assert_array_equal(counts, (want < 9.0).sum(axis=0))
 
 
 def test_interleaved_rows_keep_each_block_and_mix_residues():
@@ -460,6 +586,51 @@ def test_kernel_emulation_with_a_residue_larger_than_a_block():
                                           RB=2, JT=3, COLS=16, RPT=1, max_threads=32)
     assert (written == 1).all()
     np.testing.assert_array_equal(dist, residue_distances_numpy(x, atom_idx, starts, allowed_pairs(chain, seq, 1)))
+
+
+@pytest.mark.parametrize("scheme", ["ca", "closest-heavy"])
+def test_emulated_gpu_counts_each_pair_once_per_frame(datasets, scheme):
+    """test_contacts_gpu's adk parity test on the emulated GPU path (default tiles: several row blocks
+    and column chunks): distances equal the twin, counts are the frames in contact, per pair."""
+    t = pg.load(datasets / "adk_dims.dcd", top=datasets / "adk_open.pdb").frames(slice(0, 98, 40))
+    res, idx, starts = scheme_atoms(t, scheme, None)
+    chain, seq = np.zeros(len(res), np.int32), res.astype(np.int64)
+    with _emulated_gpu() as rec:
+        d, c, counts, _ = _contacts_cuda(t.coords, idx, starts, chain, seq, None, cutoff=4.5, min_sep=3,
+                                         inter_chain=True, keep="dense", dense_on_host=False)
+        d, c, counts = d.get(), c.get(), counts.get()
+    assert len(rec["launches"]) == 1 and (rec["launches"][0] == 1).all()
+    np.testing.assert_array_equal(d, residue_distances_numpy(t.coords, idx, starts, allowed_pairs(chain, seq, 3)))
+    assert counts.dtype == np.uint32 and c.dtype == bool and c.any()
+    np.testing.assert_array_equal(counts, c.sum(axis=0))
+    assert (np.diag(counts) == 0).all()
+
+
+# all frames in one launch; two per launch (40^2 maps of 5 bytes + 3341 atoms copied, per frame)
+@pytest.mark.parametrize("budget", [1 << 30, 2 * (40 * 40 * 5 + 3341 * 12)])
+def test_emulated_gpu_public_outputs_equal_cpu(datasets, budget):
+    """contacts(device="gpu") through the host code and the emulated kernel (frame chunks under a
+    small budget; counts accumulate over launches) equals device="cpu" bit for bit: distances, maps,
+    frequency = counts / frames exactly, and the sparse records."""
+    t = pg.load(datasets / "adk_dims.dcd", top=datasets / "adk_open.pdb").frames(slice(0, 98, 20))
+    kw = {"residues": np.arange(60, 100), "scheme": "closest", "cutoff": 6.0}
+    ref = contacts(t, device="cpu", **kw)
+    with _emulated_gpu(budget=budget) as rec:
+        got = contacts(t, device="gpu", **kw)
+        freq = contacts(t, device="gpu", frequency=True, **kw)
+        sp = contacts(t, device="gpu", output="pairs", **kw)
+    assert got.device == "gpu" and isinstance(got.frequency, np.ndarray)
+    assert len(rec["launches"]) == 3 * (1 if budget > 1e6 else 3)
+    np.testing.assert_array_equal(got.distances, ref.distances)
+    np.testing.assert_array_equal(got.contacts, ref.contacts)
+    np.testing.assert_array_equal(got.frequency, got.contacts.sum(axis=0) / t.n_frames)
+    np.testing.assert_array_equal(got.frequency, ref.frequency)
+    np.testing.assert_array_equal(freq.frequency, ref.frequency)
+    assert freq.distances is None and ref.frequency.max() == 1.0 and 0 < ref.frequency[ref.frequency > 0].min() < 1
+    spc = contacts(t, device="cpu", output="pairs", **kw)
+    for a, b in zip(sp.pairs, spc.pairs, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(sp.frequency, ref.frequency)
 
 
 # --------------------------------------------------------------------------------------------------
