@@ -9,15 +9,19 @@ at most twice a float32 NumPy run's, plus one pair of slack for a tie).
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 
 from protgpu.io import load
 from protgpu.scoring import lddt, tm_score
-from protgpu.scoring import lddt as lddt_mod
 from protgpu.scoring import tmscore as tm_mod
 from protgpu.scoring.lddt import lddt_counts_cuda, lddt_counts_numpy, lddt_inputs, lddt_scores
 from protgpu.scoring.tmscore import tm_inputs, tm_search_cuda, tm_search_numpy
+
+# the module (protgpu.scoring.lddt the attribute is the function of that name)
+lddt_mod = importlib.import_module("protgpu.scoring.lddt")
 
 pytestmark = pytest.mark.gpu
 
