@@ -63,12 +63,15 @@ def machine() -> dict:
         "cpu_count": os.cpu_count(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    try:
-        info["commit"] = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        info["commit"] = os.environ.get("PROTGPU_COMMIT", "unknown")
+    # PROTGPU_COMMIT first: on the GPU machine the checkout arrives without its git history.
+    info["commit"] = os.environ.get("PROTGPU_COMMIT")
+    if not info["commit"]:
+        try:
+            info["commit"] = subprocess.run(
+                ["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True
+            ).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            info["commit"] = "unknown"
     try:
         from protgpu._array import gpu_available
 

@@ -42,6 +42,8 @@ FILES = [
 
 
 def _git_commit() -> str | None:
+    if os.environ.get("PROTGPU_COMMIT"):  # the GPU machine's checkout has no git history
+        return os.environ["PROTGPU_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
