@@ -17,10 +17,12 @@ from .errors import GPUUnavailableError, InputError, KernelCompileError, MemoryB
 from .io import load
 from .scoring import TMScoreResult, gdt, lddt, tm_score
 from .scoring.attention import attention
+from .scoring.consensus import ConsensusResult, consensus_score
 from .structure import Structure
 from .superpose import SuperposeResult, pairwise_rmsd, rmsd, superpose
 
 __all__ = [
+    "ConsensusResult",
     "ContactMap",
     "NativeContacts",
     "GPUUnavailableError",
@@ -33,6 +35,7 @@ __all__ = [
     "TMScoreResult",
     "__version__",
     "attention",
+    "consensus_score",
     "contacts",
     "distances",
     "gdt",
