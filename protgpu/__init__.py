@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from . import batch
 from ._array import gpu_available
 from .contacts import ContactMap, NativeContacts, contacts, native_contacts
 from .distances import distances
@@ -34,6 +35,7 @@ __all__ = [
     "SuperposeResult",
     "TMScoreResult",
     "__version__",
+    "batch",
     "attention",
     "consensus_score",
     "contacts",

@@ -21,7 +21,8 @@ def _common_parsers() -> list[argparse.ArgumentParser]:
     batch = argparse.ArgumentParser(add_help=False)
     batch.add_argument("inputs", nargs="+", metavar="INPUT",
                        help="structure or trajectory files, globs, directories, @list.txt, or - for stdin")
-    batch.add_argument("--out", "-o", help="output file (.npy or .npz); written atomically")
+    batch.add_argument("--out", "-o", help="output file, format by suffix (arrays: .npy, .npz; tables: .csv, .jsonl, "
+                                           ".parquet); written atomically")
     batch.add_argument("--select", "-s", default=None,
                        help='atom selection, e.g. "ca", "heavy", "chain A and resid 10-50"')
     batch.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",

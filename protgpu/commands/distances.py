@@ -1,70 +1,52 @@
-"""``protgpu distances INPUT... [--select ca] [--out FILE.npy|.npz]``: distance matrices per input."""
+"""``protgpu distances INPUT... [--select ca] [--out FILE.npy|.npz]``: distance matrices per input.
+
+Inputs run through the batch engine (:mod:`protgpu.batch`): parsed in worker processes, inputs with
+the same atom count stacked into one :func:`protgpu.distances` call, journaled beside ``--out`` so that
+``--resume`` picks up a killed run. ``.npz`` keys are the file stems (made unique) plus ``inputs``.
+"""
 
 from __future__ import annotations
 
-import os
-import time
-
-import numpy as np
-
 from ..errors import InputError
+from ._batch_options import add_batch_options, job_device, report_failures, run_job
 from ._inputs import expand_inputs
-from ._progress import progress
 
 
 def register(sub, common) -> None:
     p = sub.add_parser("distances", parents=common, help="all-atom (or selected) distance matrices, Angstrom")
     p.add_argument("--top", "-t", help="topology file for trajectory inputs (PDB, mmCIF, ...)")
     p.add_argument("--periodic", action="store_true", help="minimum-image distances using the input's box")
+    add_batch_options(p)
     p.set_defaults(func=run)
 
 
-def _key(path: str, used: set) -> str:
-    base = os.path.basename(path)
-    for ext in (".gz",):
-        base = base.removesuffix(ext)
-    stem = os.path.splitext(base)[0] or "input"
-    key, i = stem, 1
-    while key in used:
-        i += 1
-        key = f"{stem}_{i}"
-    used.add(key)
-    return key
-
-
 def run(args) -> int:
-    from .. import distances
-    from .._array import dispatch
-    from ..io import load, save_array
+    from ..batch import DistancesJob, parse_shard
 
     if args.out and not args.out.endswith((".npy", ".npz")):
         raise InputError(f"--out {args.out}: use a .npy or .npz file name")
     paths = expand_inputs(args.inputs)
-    device = dispatch(device=args.device).device
-    results: dict[str, np.ndarray] = {}
-    used: set = set()
-    t0 = time.perf_counter()
-    for path in progress(paths, description="distances", quiet=args.quiet):
-        s = load(path, top=args.top)
-        if args.select:
-            s = s.select(args.select)
-        if args.periodic and s.box is None:
-            raise InputError(f"{path}: --periodic given but the file has no box")
-        d = distances(s.coords, box=s.box if args.periodic else None, device=device)
-        results[_key(path, used)] = d
-        if not args.quiet and not args.out:
-            print(f"{path}: {s.n_frames} frame(s) x {s.n_atoms} atoms -> {d.shape} float32 Angstrom; "
-                  f"min {d[d > 0].min() if (d > 0).any() else 0:.3f}, max {d.max():.3f}")
-    if args.out:
-        if args.out.endswith(".npy"):
-            if len(results) != 1:
-                raise InputError(f"--out {args.out}: a .npy file holds one input's result; use .npz for "
-                                 f"{len(results)} inputs")
-            save_array(args.out, next(iter(results.values())))
-        else:
-            save_array(args.out, {**results, "inputs": np.array(paths)})
+    if args.out and args.out.endswith(".npy"):
+        n = len(paths)
+        if args.shard:
+            i, k = parse_shard(args.shard)
+            n = len(range(i, len(paths), k))
+        if n != 1:
+            raise InputError(f"--out {args.out}: a .npy file holds one input's result; use .npz for {n} inputs")
+    device, where = job_device(args)
+    printing = not args.quiet and not args.out
+    job = DistancesJob(select=args.select, top=args.top, periodic=args.periodic, summary=printing, device=device)
+
+    def show(r) -> None:
+        if printing and r.ok:
+            s = r.rows[0]
+            print(f"{r.input}: {s['frames']} frame(s) x {s['atoms']} atoms -> ({s['frames']}, {s['atoms']}, "
+                  f"{s['atoms']}) float32 Angstrom; min {s['min']:.3f}, max {s['max']:.3f}", flush=True)
+
+    summary = run_job(args, job, paths, description="distances", on_result=show)
     if not args.quiet:
-        dt = time.perf_counter() - t0
-        where = f" to {args.out}" if args.out else ""
-        print(f"{len(paths)} input(s) on the {device.upper()} in {dt:.2f} s{where}")
-    return 0
+        dest = f" to {summary.out}" if summary.out else ""
+        resumed = f" ({summary.n_resumed} resumed)" if summary.n_resumed else ""
+        print(f"{summary.n_ok} input(s){resumed} on the {where} in {summary.elapsed_s:.2f} s{dest}")
+    report_failures(summary, "distances")
+    return summary.exit_code
