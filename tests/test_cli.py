@@ -99,3 +99,26 @@ def test_list_file_input(tmp_path, datasets):
     r = run_cli("distances", f"@{lst}", "-s", "ca", "-q", "-o", tmp_path / "d.npz")
     assert r.returncode == 0, r.stderr
     assert r.stdout == ""
+
+
+def test_score_consensus_ranks_an_ensemble(tmp_path, datasets):
+    """protgpu score --consensus: the frames of the AdK trajectory, ranked, written as CSV."""
+    import csv
+
+    out = tmp_path / "ranking.csv"
+    r = run_cli("score", datasets / "adk_dims.dcd", "--top", datasets / "adk_open.pdb", "--consensus",
+                "--temperature", "2.5", "--out", out)
+    assert r.returncode == 0, r.stderr
+    with open(out) as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 98 and [int(x["rank"]) for x in rows] == list(range(1, 99))
+    scores = [float(x["consensus"]) for x in rows]
+    assert scores == sorted(scores, reverse=True) and 0 < scores[-1] <= scores[0] <= 1
+    assert "T = 2.5 A^2" in r.stderr
+
+
+def test_score_needs_ref_or_consensus(datasets):
+    r = run_cli("score", datasets / "adk_open.pdb")
+    assert r.returncode == 2 and "--ref is required" in r.stderr
+    r = run_cli("score", datasets / "adk_open.pdb", "--ref", datasets / "adk_open.pdb", "--consensus")
+    assert r.returncode == 2 and "leave out --ref" in r.stderr

@@ -1,5 +1,8 @@
 """``protgpu score MODELS... --ref REF [--metrics tm,lddt,gdt,rmsd] [--out scores.csv|.jsonl|.parquet]``.
 
+``protgpu score MODELS... --consensus [--temperature T]`` ranks an ensemble without a reference, by
+:func:`protgpu.consensus_score`.
+
 One row per model (per frame of a multi-model file) with its file name: TM-score, RMSD of the common
 residues, GDT-TS/GDT-HA, MaxSub (the TMscore program's numbers) and lDDT (OpenStructure's). Models run
 through the batch engine (:mod:`protgpu.batch`): parsed in worker processes while earlier batches are
@@ -26,7 +29,7 @@ _OUT_SUFFIXES = (".csv", ".jsonl", ".parquet")
 def register(sub, common) -> None:
     p = sub.add_parser("score", parents=common,
                        help="TM-score, GDT, MaxSub, RMSD and lDDT of models against a reference")
-    p.add_argument("--ref", "-r", required=True, help="reference (native) structure")
+    p.add_argument("--ref", "-r", help="reference (native) structure (required unless --consensus)")
     p.add_argument("--top", "-t", help="topology for trajectory inputs (every frame is scored as a model)")
     p.add_argument("--metrics", "-m", default="tm,lddt,gdt,rmsd",
                    help="comma-separated subset of tm,lddt,gdt,rmsd (default: all)")
@@ -38,6 +41,11 @@ def register(sub, common) -> None:
     p.add_argument("--no-symmetry", action="store_true", help="lDDT without resolving symmetric side chains")
     p.add_argument("--per-residue", action="store_true", help="add per-residue lDDT columns (lddt:<chain>:<resid>)")
     p.add_argument("--plot", help="per-residue lDDT line plot (.png)")
+    p.add_argument("--consensus", action="store_true",
+                   help="rank the models by ensemble consensus (no reference): softmax(-RMSD^2/T)-weighted "
+                        "TM-style similarity to the other models, on CA atoms")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="consensus softmax temperature in Angstrom^2 (default 4.0)")
     add_batch_options(p)
     p.set_defaults(func=run)
 
@@ -62,9 +70,42 @@ def _normalize_by(text: str):
     return value
 
 
+def run_consensus(args) -> int:
+    """``--consensus``: one ranked table of every model (frame) of every input."""
+    from ..batch import write_table
+    from ..scoring.consensus import DEFAULT_TEMPERATURE, consensus_ranking_table
+
+    if args.ref:
+        raise InputError("--consensus ranks models against each other: leave out --ref")
+    if args.out and not args.out.lower().endswith(_OUT_SUFFIXES):
+        raise InputError(f"--out {args.out}: use a .csv, .jsonl or .parquet file name")
+    temperature = DEFAULT_TEMPERATURE if args.temperature is None else args.temperature
+    device, where = job_device(args)
+    paths = expand_inputs(args.inputs)
+    rows = consensus_ranking_table(paths, temperature=temperature, top=args.top, select=args.select,
+                                   device=device)
+    if args.out:
+        write_table(args.out, rows, ["rank", "model", "consensus"])
+    if not args.quiet:
+        if not args.out:
+            print("rank\tmodel\tconsensus")
+            for r in rows:
+                print(f"{r['rank']}\t{r['model']}\t{_fmt(r['consensus'])}")
+        dest = f" -> {args.out}" if args.out else ""
+        print(f"{len(rows)} model(s) from {len(paths)} file(s) ranked by consensus (T = {temperature:g} A^2) "
+              f"on the {where}{dest}", file=sys.stderr)
+    return 0
+
+
 def run(args) -> int:
     from ..batch import ScoreJob
 
+    if args.consensus:
+        return run_consensus(args)
+    if not args.ref:
+        raise InputError("--ref is required (or --consensus to rank models against each other)")
+    if args.temperature is not None:
+        raise InputError("--temperature only applies with --consensus")
     metrics = _metrics(args.metrics)
     norm = _normalize_by(args.normalize_by)
     if args.out and not args.out.lower().endswith(_OUT_SUFFIXES):
