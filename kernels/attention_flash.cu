@@ -1,15 +1,30 @@
 // attention_flash.cu: fused, flash-style distance-biased attention on tensor cores (float16 / bfloat16
-// inputs, float32 accumulation). The L x L logit matrix is never stored: each block keeps 16 query rows
-// per warp in registers, streams tiles of K and V through shared memory (cp.async, double-buffered),
-// computes S = Q K^T and O += P V with mma.sync m16n8k16, and keeps a running (online) softmax.
+// inputs, float32 accumulation). The L x L logit matrix is never stored: each warp keeps FA_MT slices
+// of 16 query rows in registers, K and V tiles stream through shared memory (cp.async, double-buffered),
+// S = Q K^T and O += P V run on mma.sync m16n8k16, and the softmax is computed online.
 //
 // Logit of query i and key j in head h (log2 units, so that exp2 is the exponential):
 //   log2(e) * (scale * q_i . k_j - gamma_h |x_i - x_j|^2), -inf for masked keys or |x_i - x_j| > cutoff.
 // Without a cutoff the bias is expanded as 2 gamma x_i . x_j - gamma |x_j|^2 - gamma |x_i|^2; the last
-// term is constant along a softmax row and is dropped, so the bias costs 3 FMAs per logit, in float32.
-// Coordinates are taken relative to one query residue of the block, so that the expanded terms stay
-// near the size of the distances themselves. With a cutoff the squared distance is needed anyway and
-// comes from the difference.
+// term is constant along a softmax row and is dropped, so the bias costs 3 FMAs per logit, in float32
+// (16-bit channels would round it to 8 or 11 bits). Coordinates are taken relative to one query residue
+// of the block, so that the expanded terms stay near the size of the distances themselves. With a
+// cutoff the squared distance is needed anyway and comes from the difference; whole key tiles whose
+// bounding box lies beyond the cutoff of a warp's query rows are skipped.
+//
+// Per key tile a warp does, in this order (FlashAttention-2 practice for mma.sync):
+//   * S = Q K^T: Q fragments stay in registers for the whole kernel; each ldmatrix.x4 of K feeds
+//     2 x FA_MT mma instructions (FA_MT = 2: every K and V fragment serves two 16-row slices);
+//   * logits = S * scale * log2(e) + bias (one FMA after the 3-FMA bias); row maxima within the quad of
+//     threads that holds a row (2 shuffles);
+//   * lazy rescaling: the reference maximum of a row moves only when the tile's maximum exceeds it by
+//     more than FA_TAU (log2 units), so most tiles skip the rescaling of O (a warp-uniform branch);
+//     P = 2^(logit - reference) is then at most 2^FA_TAU, harmless in float32 and in 16-bit P;
+//   * O += P V: the accumulator layout of S is the A-operand layout of the next mma, so P is packed to
+//     16-bit pairs in registers and never goes through shared memory; V comes by ldmatrix.trans. The
+//     row sums of P come from one more mma per 16 keys, with a B operand of ones.
+// The loads of tile t + 1 (cp.async) are issued right after the barrier that opens tile t, so they
+// overlap the whole of tile t's compute; one barrier per tile.
 //
 // No CUDA headers are included: NVRTC from the PyPI wheels ships none (no cuda_bf16.h, no mma.h). The
 // 16-bit values travel as raw bits (unsigned short), and conversions, ldmatrix, mma and cp.async are
@@ -24,8 +39,11 @@ typedef unsigned int u32;
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
-#ifndef FA_WARPS  // warps per block; each owns 16 query rows
+#ifndef FA_WARPS  // warps per block
 #define FA_WARPS 4
+#endif
+#ifndef FA_MT  // 16-row slices of queries per warp (1 or 2)
+#define FA_MT 2
 #endif
 #ifndef FA_BLOCK_N  // keys per tile, a multiple of 16
 #define FA_BLOCK_N 64
@@ -33,23 +51,29 @@ typedef unsigned int u32;
 #ifndef FA_STAGES  // 2: load tile t+1 while computing tile t; 1: no overlap (less shared memory)
 #define FA_STAGES 2
 #endif
-
 #ifndef FA_MIN_BLOCKS  // blocks per SM asked of the register allocator (__launch_bounds__)
-#define FA_MIN_BLOCKS 1
+#define FA_MIN_BLOCKS 2
+#endif
+#ifndef FA_TAU  // lazy-rescaling threshold in log2 units: P <= 2^FA_TAU (fits float16 and bfloat16)
+#define FA_TAU 8.0f
 #endif
 
-#define FA_BLOCK_M (16 * FA_WARPS)
+#define FA_ROWS_PER_WARP (16 * FA_MT)
+#define FA_BLOCK_M (FA_ROWS_PER_WARP * FA_WARPS)
 #define FA_THREADS (32 * FA_WARPS)
 // Shared-memory row stride in 16-bit elements: 8 extra (16 bytes) keep every row 16-byte aligned for
 // cp.async / ldmatrix and shift consecutive rows by 4 banks, so the 8 row addresses of an ldmatrix
 // phase fall in 8 different bank groups.
 #define FA_LDS (HEAD_DIM + 8)
+#define FA_TILE_BYTES (FA_BLOCK_N * FA_LDS * 2)
 
 static_assert(HEAD_DIM % 16 == 0, "the tensor-core path needs HEAD_DIM to be a multiple of 16");
 static_assert(FA_BLOCK_N % 16 == 0, "FA_BLOCK_N must be a multiple of 16");
 static_assert(FA_STAGES == 1 || FA_STAGES == 2, "FA_STAGES is 1 or 2");
+static_assert(FA_MT == 1 || FA_MT == 2, "FA_MT is 1 or 2");
 
 #define FA_NEG_INF __int_as_float(0xff800000)
+#define FA_INF __int_as_float(0x7f800000)
 #define FA_LOG2E 1.4426950408889634f
 
 // ---- PTX helpers -----------------------------------------------------------------------------------
@@ -59,37 +83,34 @@ __device__ __forceinline__ u32 fa_smem_addr(const void* p) {
 }
 
 // 16-byte global -> shared copy; src_bytes = 0 writes zeros (rows past the end of the sequence).
-__device__ __forceinline__ void fa_cp_async16(void* dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(fa_smem_addr(dst)), "l"(src),
-                 "r"(src_bytes));
+__device__ __forceinline__ void fa_cp_async16(u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 __device__ __forceinline__ void fa_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void fa_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void fa_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
-__device__ __forceinline__ void fa_ldmatrix_x4(u32& r0, u32& r1, u32& r2, u32& r3, const void* p) {
+__device__ __forceinline__ void fa_ldmatrix_x4(u32& r0, u32& r1, u32& r2, u32& r3, u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(fa_smem_addr(p)));
+                 : "r"(addr));
 }
-__device__ __forceinline__ void fa_ldmatrix_x4_trans(u32& r0, u32& r1, u32& r2, u32& r3, const void* p) {
+__device__ __forceinline__ void fa_ldmatrix_x4_trans(u32& r0, u32& r1, u32& r2, u32& r3, u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(fa_smem_addr(p)));
+                 : "r"(addr));
 }
 
 // D += A B for one m16n8k16 tile: A 16x16 row-major (4 regs), B 16x8 column-major (2 regs), D f32.
+// Not volatile: the instruction has no side effects, so the compiler may schedule it freely.
 template <bool BF16>
 __device__ __forceinline__ void fa_mma(float* d, const u32* a, u32 b0, u32 b1) {
     if (BF16) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
             "{%0,%1,%2,%3};\n"
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     } else {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
             "{%0,%1,%2,%3};\n"
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -118,8 +139,9 @@ __device__ __forceinline__ u32 fa_ld32(const unsigned short* p) { return *reinte
 
 // ---- the kernel --------------------------------------------------------------------------------------
 //   q, k, v, out: (B, L, H, HEAD_DIM) raw 16-bit, C-contiguous; base pointers 16-byte aligned
-//   coords: (B, L, 3) float32, Angstrom
-//   gamma: (H,) float32, per Angstrom^2; mask: (B, L) uint8 (0 = padding key) or NULL
+//   coords: float32 Angstrom, batch entry b at coords + b * xstride, (L, 3) each (xstride 0: shared)
+//   gamma: (H,) float32, per Angstrom^2
+//   mask: uint8 / bool (0 = padding key), batch entry b at mask + b * mstride, (L,) each; or NULL
 //   scale: multiplies q . k; cutoff2: squared cutoff in Angstrom^2, or < 0 for none
 // Grid: (ceil(L / FA_BLOCK_M), H, B); block: FA_THREADS.
 // Shared memory, declared once in each entry point: static __shared__ arrays inside the templated body
@@ -128,7 +150,7 @@ struct __align__(16) FaSmem {
     unsigned short ks[FA_STAGES][FA_BLOCK_N * FA_LDS];
     unsigned short vs[FA_STAGES][FA_BLOCK_N * FA_LDS];
     // Per key: (x, y, z, w), relative to the block's origin. No cutoff: w = -gamma log2e |x_j|^2;
-    // cutoff: w = 0. Masked or past the end: w = -inf, which carries through the FMAs into the logit.
+    // cutoff: w = 0. Masked or past the end: (0, 0, 0, -inf); -inf carries through the FMAs.
     float4 xs[FA_STAGES][FA_BLOCK_N];
 };
 
@@ -139,12 +161,8 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const unsigned s
                                                     const float* __restrict__ coords,
                                                     const float* __restrict__ gamma,
                                                     const unsigned char* __restrict__ mask,
-                                                    unsigned short* __restrict__ out, int L, int H,
-                                                    float scale, float cutoff2) {
-    auto& ks = sm.ks;
-    auto& vs = sm.vs;
-    auto& xs = sm.xs;
-
+                                                    unsigned short* __restrict__ out, int L, int H, int xstride,
+                                                    int mstride, float scale, float cutoff2) {
     const int tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31;
     const int grp = lane >> 2, tig = lane & 3;  // mma fragment coordinates: row group, thread in group
@@ -155,25 +173,36 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const unsigned s
     const unsigned short* kb = k + base;
     const unsigned short* vb = v + base;
     unsigned short* ob = out + base;
-    const float* xb = coords + (i64)b * L * 3;
-    const unsigned char* mb = mask ? mask + (i64)b * L : nullptr;
+    const float* xb = coords + (i64)b * xstride;
+    const unsigned char* mb = mask ? mask + (i64)b * mstride : nullptr;
     const float gl2 = gamma[h] * FA_LOG2E;
     const float sl2 = scale * FA_LOG2E;
 
-    // This thread's two query rows (fragment rows grp and grp + 8 of the warp's 16).
-    const int row0 = blockIdx.x * FA_BLOCK_M + warp * 16 + grp;
-    const int row1 = row0 + 8;
-    const bool ok0 = row0 < L, ok1 = row1 < L;
+    // This thread's query rows: fragment rows grp and grp + 8 of each of the warp's FA_MT slices.
+    const int wrow = blockIdx.x * FA_BLOCK_M + warp * FA_ROWS_PER_WARP;
+    int row[FA_MT][2];
+    bool rok[FA_MT][2];
+#pragma unroll
+    for (int mt = 0; mt < FA_MT; ++mt) {
+        row[mt][0] = wrow + mt * 16 + grp;
+        row[mt][1] = row[mt][0] + 8;
+        rok[mt][0] = row[mt][0] < L;
+        rok[mt][1] = row[mt][1] < L;
+    }
 
     // Q fragments stay in registers for the whole key loop.
-    u32 qf[HEAD_DIM / 16][4];
+    u32 qf[FA_MT][HEAD_DIM / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-        const int c = kk * 16 + tig * 2;
-        qf[kk][0] = ok0 ? fa_ld32(qb + row0 * rs + c) : 0u;
-        qf[kk][1] = ok1 ? fa_ld32(qb + row1 * rs + c) : 0u;
-        qf[kk][2] = ok0 ? fa_ld32(qb + row0 * rs + c + 8) : 0u;
-        qf[kk][3] = ok1 ? fa_ld32(qb + row1 * rs + c + 8) : 0u;
+    for (int mt = 0; mt < FA_MT; ++mt) {
+        const unsigned short* q0 = qb + (i64)row[mt][0] * rs + tig * 2;
+        const unsigned short* q1 = qb + (i64)row[mt][1] * rs + tig * 2;
+#pragma unroll
+        for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+            qf[mt][kk][0] = rok[mt][0] ? fa_ld32(q0 + kk * 16) : 0u;
+            qf[mt][kk][1] = rok[mt][1] ? fa_ld32(q1 + kk * 16) : 0u;
+            qf[mt][kk][2] = rok[mt][0] ? fa_ld32(q0 + kk * 16 + 8) : 0u;
+            qf[mt][kk][3] = rok[mt][1] ? fa_ld32(q1 + kk * 16 + 8) : 0u;
+        }
     }
     // Origin of the expanded bias (no cutoff): the first real query residue of the block. Any origin
     // gives the same distances; a near one keeps the expanded terms, and their float32 rounding, small.
@@ -197,48 +226,108 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const unsigned s
         }
     }
     // Query coordinates: raw (cutoff) or relative to the origin and pre-multiplied by 2 gamma log2e.
-    float a0x = 0.f, a0y = 0.f, a0z = 0.f, a1x = 0.f, a1y = 0.f, a1z = 0.f;
+    float ax[FA_MT][2], ay[FA_MT][2], az[FA_MT][2];
+    // Cutoff: bounding box of the warp's query rows, to skip key tiles that lie beyond the cutoff.
+    float qlo_x = FA_INF, qlo_y = FA_INF, qlo_z = FA_INF;
+    float qhi_x = FA_NEG_INF, qhi_y = FA_NEG_INF, qhi_z = FA_NEG_INF;
     {
         const float f = CUTOFF ? 1.f : 2.f * gl2;
-        if (ok0) {
-            a0x = f * (xb[3 * row0] - cx);
-            a0y = f * (xb[3 * row0 + 1] - cy);
-            a0z = f * (xb[3 * row0 + 2] - cz);
+#pragma unroll
+        for (int mt = 0; mt < FA_MT; ++mt) {
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                ax[mt][hh] = ay[mt][hh] = az[mt][hh] = 0.f;
+                if (rok[mt][hh]) {
+                    const int r = row[mt][hh];
+                    ax[mt][hh] = f * (xb[3 * r] - cx);
+                    ay[mt][hh] = f * (xb[3 * r + 1] - cy);
+                    az[mt][hh] = f * (xb[3 * r + 2] - cz);
+                    if (CUTOFF) {  // fminf/fmaxf drop NaN (padding rows with no coordinates)
+                        qlo_x = fminf(qlo_x, ax[mt][hh]);
+                        qhi_x = fmaxf(qhi_x, ax[mt][hh]);
+                        qlo_y = fminf(qlo_y, ay[mt][hh]);
+                        qhi_y = fmaxf(qhi_y, ay[mt][hh]);
+                        qlo_z = fminf(qlo_z, az[mt][hh]);
+                        qhi_z = fmaxf(qhi_z, az[mt][hh]);
+                    }
+                }
+            }
         }
-        if (ok1) {
-            a1x = f * (xb[3 * row1] - cx);
-            a1y = f * (xb[3 * row1 + 1] - cy);
-            a1z = f * (xb[3 * row1 + 2] - cz);
+        if (CUTOFF) {
+#pragma unroll
+            for (int sh = 16; sh >= 1; sh >>= 1) {
+                qlo_x = fminf(qlo_x, __shfl_xor_sync(0xffffffffu, qlo_x, sh));
+                qhi_x = fmaxf(qhi_x, __shfl_xor_sync(0xffffffffu, qhi_x, sh));
+                qlo_y = fminf(qlo_y, __shfl_xor_sync(0xffffffffu, qlo_y, sh));
+                qhi_y = fmaxf(qhi_y, __shfl_xor_sync(0xffffffffu, qhi_y, sh));
+                qlo_z = fminf(qlo_z, __shfl_xor_sync(0xffffffffu, qlo_z, sh));
+                qhi_z = fmaxf(qhi_z, __shfl_xor_sync(0xffffffffu, qhi_z, sh));
+            }
         }
     }
 
-    float o[HEAD_DIM / 8][4];
+    float o[FA_MT][HEAD_DIM / 8][4];
 #pragma unroll
-    for (int n = 0; n < HEAD_DIM / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    float m0 = FA_NEG_INF, m1 = FA_NEG_INF;  // running row maxima (log2 units)
-    float l0 = 0.f, l1 = 0.f;                // this thread's part of the running row sums
+    for (int mt = 0; mt < FA_MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+    // Reference maxima (log2 units), and the row sums of P as an mma accumulator: P times a B operand of
+    // ones gives every column the row sum (c0 = c1: row grp, c2 = c3: row grp + 8), so the sums cost one
+    // tensor-core instruction per 16 keys instead of one FADD per logit, and add up exactly the 16-bit
+    // P that multiplies V.
+    float m[FA_MT][2], ls[FA_MT][4];
+#pragma unroll
+    for (int mt = 0; mt < FA_MT; ++mt) {
+        m[mt][0] = m[mt][1] = FA_NEG_INF;
+        ls[mt][0] = ls[mt][1] = ls[mt][2] = ls[mt][3] = 0.f;
+    }
+    const u32 ones = BF16 ? 0x3F803F80u : 0x3C003C00u;  // (1, 1) in bfloat16 / float16
 
     const int ntiles = (L + FA_BLOCK_N - 1) / FA_BLOCK_N;
 
-    // K and V tiles travel by cp.async. The key coordinates (and mask) of a tile are read into registers
-    // one iteration before they are written to shared memory, so that their global-load latency hides
-    // behind a tile of compute instead of stalling the loop.
-    constexpr int KPT = (FA_BLOCK_N + FA_THREADS - 1) / FA_THREADS;  // keys per thread
-    float4 pf[KPT];  // prefetched (x, y, z, 1 = real key / 0 = masked or past the end)
+    // ---- tile loads. K and V travel by cp.async: thread tid copies 16-byte chunk lc of rows lr,
+    // lr + RPP, ... The key coordinates (and mask) of a tile are read into registers one iteration
+    // before they are written to shared memory, so that their global-load latency hides behind a tile
+    // of compute instead of stalling the loop.
+    constexpr int CPR = HEAD_DIM / 8;      // 16-byte chunks per row
+    constexpr bool EVEN = FA_THREADS % CPR == 0;  // each thread copies one fixed chunk column
+    constexpr int RPP = EVEN ? FA_THREADS / CPR : 1;  // rows per pass of the whole block
+    constexpr int PASSES = (FA_BLOCK_N + RPP - 1) / RPP;
+    const int lr = tid / CPR, lc = tid - (tid / CPR) * CPR;
+    const u32 ks0 = fa_smem_addr(&sm.ks[0][0]) + (u32)(lr * FA_LDS + lc * 8) * 2u;
+    const u32 vs0 = fa_smem_addr(&sm.vs[0][0]) + (u32)(lr * FA_LDS + lc * 8) * 2u;
+    const unsigned short* kg0 = kb + (i64)lr * rs + lc * 8;
+    const unsigned short* vg0 = vb + (i64)lr * rs + lc * 8;
 
     auto load_kv = [&](int t, int st) {
         const int n0 = t * FA_BLOCK_N;
-        constexpr int CPR = HEAD_DIM / 8;  // 16-byte chunks per row
-        for (int c = tid; c < FA_BLOCK_N * CPR; c += FA_THREADS) {
-            const int r = c / CPR, cc = c - r * CPR;
-            const int key = n0 + r;
-            const bool ok = key < L;
-            const i64 off = (i64)(ok ? key : 0) * rs + cc * 8;
-            fa_cp_async16(&ks[st][r * FA_LDS + cc * 8], kb + off, ok ? 16 : 0);
-            fa_cp_async16(&vs[st][r * FA_LDS + cc * 8], vb + off, ok ? 16 : 0);
+        if (EVEN) {
+            const i64 off0 = (i64)n0 * rs;
+#pragma unroll
+            for (int p = 0; p < PASSES; ++p) {
+                const int r = lr + p * RPP;
+                if (RPP * (p + 1) > FA_BLOCK_N && r >= FA_BLOCK_N) break;  // only when RPP does not divide BN
+                const bool ok = n0 + r < L;
+                // Rows past the end are zero-filled (source size 0) from an address that is still valid.
+                const i64 off = off0 + (i64)(p * RPP) * rs;
+                const u32 so = (u32)(st * FA_TILE_BYTES + p * RPP * FA_LDS * 2);
+                fa_cp_async16(ks0 + so, ok ? kg0 + off : kb + lc * 8, ok ? 16 : 0);
+                fa_cp_async16(vs0 + so, ok ? vg0 + off : vb + lc * 8, ok ? 16 : 0);
+            }
+        } else {  // head dimensions such as 48 or 80: chunk c of the tile is row c / CPR, column c % CPR
+            for (int c = tid; c < FA_BLOCK_N * CPR; c += FA_THREADS) {
+                const int r = c / CPR, cc = c - r * CPR;
+                const bool ok = n0 + r < L;
+                const i64 off = ok ? (i64)(n0 + r) * rs + cc * 8 : cc * 8;
+                const u32 so = (u32)(st * FA_TILE_BYTES + (r * FA_LDS + cc * 8) * 2);
+                fa_cp_async16(fa_smem_addr(&sm.ks[0][0]) + so, kb + off, ok ? 16 : 0);
+                fa_cp_async16(fa_smem_addr(&sm.vs[0][0]) + so, vb + off, ok ? 16 : 0);
+            }
         }
         fa_cp_async_commit();
     };
+    constexpr int KPT = (FA_BLOCK_N + FA_THREADS - 1) / FA_THREADS;  // keys per thread
+    float4 pf[KPT];  // prefetched (x, y, z, 1 = real key / 0 = masked or past the end)
     auto fetch_coords = [&](int t) {
 #pragma unroll
         for (int i = 0; i < KPT; ++i) {
@@ -259,9 +348,18 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const unsigned s
                 const float x = pf[i].x - cx, y = pf[i].y - cy, z = pf[i].z - cz;
                 e = make_float4(x, y, z, CUTOFF ? 0.f : -gl2 * (x * x + y * y + z * z));
             }
-            xs[st][r] = e;
+            sm.xs[st][r] = e;
         }
     };
+
+    // ldmatrix addresses of this lane (stage 0, first 16 x 16 block). K (non-transposed): lane l points
+    // at row l & 7 of 8x8 matrix l >> 3 = (key half (l >> 4) & 1, feature half (l >> 3) & 1), which
+    // gives b0, b1 of key tile 2 np and then of 2 np + 1. V (transposed): matrix l >> 3 = (key half
+    // (l >> 3) & 1, feature half (l >> 4) & 1) gives b0, b1 of feature tile 2 fp, then of 2 fp + 1.
+    const u32 kld = fa_smem_addr(&sm.ks[0][0]) +
+                    (u32)((((lane >> 4) & 1) * 8 + (lane & 7)) * FA_LDS + ((lane >> 3) & 1) * 8) * 2u;
+    const u32 vld = fa_smem_addr(&sm.vs[0][0]) +
+                    (u32)((((lane >> 3) & 1) * 8 + (lane & 7)) * FA_LDS + ((lane >> 4) & 1) * 8) * 2u;
 
     load_kv(0, 0);
     fetch_coords(0);
@@ -271,165 +369,218 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const unsigned s
     for (int t = 0; t < ntiles; ++t) {
         const int st = (FA_STAGES == 2) ? (t & 1) : 0;
         if (FA_STAGES == 2) {
-            if (t + 1 < ntiles) {
-                // The other stage was last read in iteration t - 1, which ended with __syncthreads.
+            fa_cp_async_wait_all();  // tile t (the only group in flight) has landed
+            __syncthreads();         // ... for every thread; and every warp is done with tile t - 1
+            if (t + 1 < ntiles) {    // refill the other stage, last read in tile t - 1
                 load_kv(t + 1, st ^ 1);
-                store_coords(st ^ 1);  // tile t + 1, fetched during iteration t - 1
+                store_coords(st ^ 1);  // tile t + 1, fetched during tile t - 1
                 if (t + 2 < ntiles) fetch_coords(t + 2);
-                fa_cp_async_wait<1>();  // tile t has landed; tile t + 1 may still be in flight
-            } else {
-                fa_cp_async_wait<0>();
             }
         } else {
-            if (t > 0) {  // one stage: tile t is loaded only now (tile 0 was issued before the loop)
+            if (t > 0) {
+                __syncthreads();  // every warp is done with tile t - 1 before its stage is refilled
                 load_kv(t, 0);
-                store_coords(0);  // tile t, fetched during iteration t - 1
+                store_coords(0);  // tile t, fetched during tile t - 1
                 if (t + 1 < ntiles) fetch_coords(t + 1);
             }
-            fa_cp_async_wait<0>();
+            fa_cp_async_wait_all();
+            __syncthreads();
         }
-        __syncthreads();
+        const float4* xst = sm.xs[st];
 
-        // ---- S = Q K^T for this warp's 16 rows and FA_BLOCK_N keys
-        float s[FA_BLOCK_N / 8][4];
+        if (CUTOFF) {
+            // Skip the tile when the bounding box of its real keys lies beyond the cutoff of every
+            // query row of the warp (a warp-uniform decision; a tile of masked keys only is skipped).
+            float klo_x = FA_INF, klo_y = FA_INF, klo_z = FA_INF;
+            float khi_x = FA_NEG_INF, khi_y = FA_NEG_INF, khi_z = FA_NEG_INF;
 #pragma unroll
-        for (int n = 0; n < FA_BLOCK_N / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-        const unsigned short* kst = ks[st];
+            for (int j = lane; j < FA_BLOCK_N; j += 32) {
+                const float4 e = xst[j];
+                if (e.w == FA_NEG_INF) continue;  // masked or past the end
+                klo_x = fminf(klo_x, e.x), khi_x = fmaxf(khi_x, e.x);
+                klo_y = fminf(klo_y, e.y), khi_y = fmaxf(khi_y, e.y);
+                klo_z = fminf(klo_z, e.z), khi_z = fmaxf(khi_z, e.z);
+            }
+#pragma unroll
+            for (int sh = 16; sh >= 1; sh >>= 1) {
+                klo_x = fminf(klo_x, __shfl_xor_sync(0xffffffffu, klo_x, sh));
+                khi_x = fmaxf(khi_x, __shfl_xor_sync(0xffffffffu, khi_x, sh));
+                klo_y = fminf(klo_y, __shfl_xor_sync(0xffffffffu, klo_y, sh));
+                khi_y = fmaxf(khi_y, __shfl_xor_sync(0xffffffffu, khi_y, sh));
+                klo_z = fminf(klo_z, __shfl_xor_sync(0xffffffffu, klo_z, sh));
+                khi_z = fmaxf(khi_z, __shfl_xor_sync(0xffffffffu, khi_z, sh));
+            }
+            const float gx = fmaxf(0.f, fmaxf(klo_x - qhi_x, qlo_x - khi_x));
+            const float gy = fmaxf(0.f, fmaxf(klo_y - qhi_y, qlo_y - khi_y));
+            const float gz = fmaxf(0.f, fmaxf(klo_z - qhi_z, qlo_z - khi_z));
+            // The gap is a lower bound of every pair distance; the margin absorbs float rounding of the
+            // per-pair squared distances compared with cutoff2 below. NaN (no real query row) skips.
+            const float gap2 = gx * gx + gy * gy + gz * gz;
+            if (!(gap2 <= cutoff2 * 1.0001f + 1e-4f)) continue;
+        }
+
+        // ---- S = Q K^T for the warp's FA_MT x 16 rows and FA_BLOCK_N keys
+        float s[FA_MT][FA_BLOCK_N / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < FA_MT; ++mt)
+#pragma unroll
+            for (int n = 0; n < FA_BLOCK_N / 8; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+        const u32 kst = kld + (u32)(st * FA_TILE_BYTES);
 #pragma unroll
         for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
 #pragma unroll
             for (int np = 0; np < FA_BLOCK_N / 16; ++np) {
-                // 8x8 matrices: (keys np*16 + 0..7 | 8..15) x (features kk*16 + 0..7 | 8..15);
-                // lane l addresses row l & 7 of matrix l >> 3 = (key half, feature half).
-                const int mi = lane >> 3;
-                const unsigned short* p =
-                    kst + (np * 16 + (mi >> 1) * 8 + (lane & 7)) * FA_LDS + kk * 16 + (mi & 1) * 8;
                 u32 b00, b01, b10, b11;
-                fa_ldmatrix_x4(b00, b01, b10, b11, p);
-                fa_mma<BF16>(s[2 * np], qf[kk], b00, b01);
-                fa_mma<BF16>(s[2 * np + 1], qf[kk], b10, b11);
+                fa_ldmatrix_x4(b00, b01, b10, b11, kst + (u32)((np * 16 * FA_LDS + kk * 16) * 2));
+#pragma unroll
+                for (int mt = 0; mt < FA_MT; ++mt) {
+                    fa_mma<BF16>(s[mt][2 * np], qf[mt][kk], b00, b01);
+                    fa_mma<BF16>(s[mt][2 * np + 1], qf[mt][kk], b10, b11);
+                }
             }
         }
 
         // ---- bias, mask, cutoff -> logits (log2 units); tile row maxima
-        float tm0 = FA_NEG_INF, tm1 = FA_NEG_INF;
+        float tm[FA_MT][2];
+#pragma unroll
+        for (int mt = 0; mt < FA_MT; ++mt) tm[mt][0] = tm[mt][1] = FA_NEG_INF;
 #pragma unroll
         for (int n = 0; n < FA_BLOCK_N / 8; ++n) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const float4 xj = xs[st][n * 8 + tig * 2 + e];
-                float t0, t1;
-                if (CUTOFF) {
-                    const float dx0 = a0x - xj.x, dy0 = a0y - xj.y, dz0 = a0z - xj.z;
-                    const float dx1 = a1x - xj.x, dy1 = a1y - xj.y, dz1 = a1z - xj.z;
-                    const float d20 = dx0 * dx0 + dy0 * dy0 + dz0 * dz0;
-                    const float d21 = dx1 * dx1 + dy1 * dy1 + dz1 * dz1;
-                    t0 = fmaf(s[n][e], sl2, fmaf(-gl2, d20, xj.w));
-                    t1 = fmaf(s[n][2 + e], sl2, fmaf(-gl2, d21, xj.w));
-                    if (d20 > cutoff2) t0 = FA_NEG_INF;
-                    if (d21 > cutoff2) t1 = FA_NEG_INF;
-                } else {
-                    t0 = fmaf(s[n][e], sl2, fmaf(a0x, xj.x, fmaf(a0y, xj.y, fmaf(a0z, xj.z, xj.w))));
-                    t1 = fmaf(s[n][2 + e], sl2, fmaf(a1x, xj.x, fmaf(a1y, xj.y, fmaf(a1z, xj.z, xj.w))));
+                const float4 xj = xst[n * 8 + tig * 2 + e];
+#pragma unroll
+                for (int mt = 0; mt < FA_MT; ++mt) {
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        float& sv = s[mt][n][2 * hh + e];
+                        float tv;
+                        if (CUTOFF) {
+                            const float dx = ax[mt][hh] - xj.x, dy = ay[mt][hh] - xj.y, dz = az[mt][hh] - xj.z;
+                            const float d2 = fmaf(dx, dx, fmaf(dy, dy, dz * dz));
+                            tv = fmaf(sv, sl2, fmaf(-gl2, d2, xj.w));
+                            if (d2 > cutoff2) tv = FA_NEG_INF;
+                        } else {
+                            tv = fmaf(sv, sl2,
+                                      fmaf(ax[mt][hh], xj.x, fmaf(ay[mt][hh], xj.y, fmaf(az[mt][hh], xj.z, xj.w))));
+                        }
+                        sv = tv;
+                        tm[mt][hh] = fmaxf(tm[mt][hh], tv);
+                    }
                 }
-                s[n][e] = t0;
-                s[n][2 + e] = t1;
-                tm0 = fmaxf(tm0, t0);
-                tm1 = fmaxf(tm1, t1);
             }
         }
         // A row's values sit in the 4 threads of a quad.
-        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 1));
-        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 2));
-        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 1));
-        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 2));
-
-        // ---- online softmax: rescale what came before, exponentiate this tile
-        const float mn0 = fmaxf(m0, tm0), mn1 = fmaxf(m1, tm1);
-        // A row with every key so far masked keeps max -inf; subtracting 0 instead keeps exp2 at 0
-        // rather than NaN (-inf - -inf).
-        const float mu0 = (mn0 == FA_NEG_INF) ? 0.f : mn0;
-        const float mu1 = (mn1 == FA_NEG_INF) ? 0.f : mn1;
-        const float c0 = fa_exp2(m0 - mu0), c1 = fa_exp2(m1 - mu1);
-        m0 = mn0;
-        m1 = mn1;
-        float ps0 = 0.f, ps1 = 0.f;
+        bool grow = false;
 #pragma unroll
-        for (int n = 0; n < FA_BLOCK_N / 8; ++n) {
-            s[n][0] = fa_exp2(s[n][0] - mu0);
-            s[n][1] = fa_exp2(s[n][1] - mu0);
-            s[n][2] = fa_exp2(s[n][2] - mu1);
-            s[n][3] = fa_exp2(s[n][3] - mu1);
-            ps0 += s[n][0] + s[n][1];
-            ps1 += s[n][2] + s[n][3];
-        }
-        l0 = l0 * c0 + ps0;
-        l1 = l1 * c1 + ps1;
+        for (int mt = 0; mt < FA_MT; ++mt) {
 #pragma unroll
-        for (int n = 0; n < HEAD_DIM / 8; ++n) {
-            o[n][0] *= c0;
-            o[n][1] *= c0;
-            o[n][2] *= c1;
-            o[n][3] *= c1;
-        }
-
-        // ---- O += P V. The accumulator layout of S (two adjacent key columns per register pair) is
-        // the A-operand layout of the next mma, so P never leaves registers.
-        const unsigned short* vst = vs[st];
-#pragma unroll
-        for (int kc = 0; kc < FA_BLOCK_N / 16; ++kc) {
-            u32 pa[4];
-            pa[0] = fa_pack<BF16>(s[2 * kc][0], s[2 * kc][1]);
-            pa[1] = fa_pack<BF16>(s[2 * kc][2], s[2 * kc][3]);
-            pa[2] = fa_pack<BF16>(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-            pa[3] = fa_pack<BF16>(s[2 * kc + 1][2], s[2 * kc + 1][3]);
-#pragma unroll
-            for (int fp = 0; fp < HEAD_DIM / 16; ++fp) {
-                // Transposed 8x8 loads of V (rows = keys): matrices (key half, feature half) =
-                // (0,0), (1,0), (0,1), (1,1) give b0, b1 of feature tile 2fp, then of 2fp + 1.
-                const int mi = lane >> 3;
-                const unsigned short* p =
-                    vst + (kc * 16 + (mi & 1) * 8 + (lane & 7)) * FA_LDS + fp * 16 + (mi >> 1) * 8;
-                u32 b00, b01, b10, b11;
-                fa_ldmatrix_x4_trans(b00, b01, b10, b11, p);
-                fa_mma<BF16>(o[2 * fp], pa, b00, b01);
-                fa_mma<BF16>(o[2 * fp + 1], pa, b10, b11);
+            for (int hh = 0; hh < 2; ++hh) {
+                float x = tm[mt][hh];
+                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+                tm[mt][hh] = x;
+                grow |= x > m[mt][hh] + FA_TAU;  // -inf + tau = -inf: the first real logit moves m
             }
         }
-        __syncthreads();  // every warp is done with stage st before it is refilled
+
+        // ---- lazy rescale: only when some row's maximum grew by more than FA_TAU
+        if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+            for (int mt = 0; mt < FA_MT; ++mt) {
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const bool up = tm[mt][hh] > m[mt][hh] + FA_TAU;
+                    const float c = up ? fa_exp2(m[mt][hh] - tm[mt][hh]) : 1.f;  // 2^(-inf) = 0
+                    m[mt][hh] = up ? tm[mt][hh] : m[mt][hh];
+                    ls[mt][2 * hh] *= c;
+                    ls[mt][2 * hh + 1] *= c;
+#pragma unroll
+                    for (int n = 0; n < HEAD_DIM / 8; ++n) {
+                        o[mt][n][2 * hh] *= c;
+                        o[mt][n][2 * hh + 1] *= c;
+                    }
+                }
+            }
+        }
+
+        // ---- P = 2^(logit - m): at most 2^FA_TAU. A row with every key so far masked keeps m = -inf;
+        // subtracting 0 instead keeps 2^x at 0 rather than NaN (-inf - -inf).
+#pragma unroll
+        for (int mt = 0; mt < FA_MT; ++mt) {
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const float mu = m[mt][hh] == FA_NEG_INF ? 0.f : m[mt][hh];
+#pragma unroll
+                for (int n = 0; n < FA_BLOCK_N / 8; ++n) {
+                    s[mt][n][2 * hh] = fa_exp2(s[mt][n][2 * hh] - mu);
+                    s[mt][n][2 * hh + 1] = fa_exp2(s[mt][n][2 * hh + 1] - mu);
+                }
+            }
+        }
+
+        // ---- O += P V
+        const u32 vst = vld + (u32)(st * FA_TILE_BYTES);
+#pragma unroll
+        for (int kc = 0; kc < FA_BLOCK_N / 16; ++kc) {
+            u32 pa[FA_MT][4];
+#pragma unroll
+            for (int mt = 0; mt < FA_MT; ++mt) {
+                pa[mt][0] = fa_pack<BF16>(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                pa[mt][1] = fa_pack<BF16>(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                pa[mt][2] = fa_pack<BF16>(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                pa[mt][3] = fa_pack<BF16>(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+                fa_mma<BF16>(ls[mt], pa[mt], ones, ones);
+            }
+#pragma unroll
+            for (int fp = 0; fp < HEAD_DIM / 16; ++fp) {
+                u32 b00, b01, b10, b11;
+                fa_ldmatrix_x4_trans(b00, b01, b10, b11, vst + (u32)((kc * 16 * FA_LDS + fp * 16) * 2));
+#pragma unroll
+                for (int mt = 0; mt < FA_MT; ++mt) {
+                    fa_mma<BF16>(o[mt][2 * fp], pa[mt], b00, b01);
+                    fa_mma<BF16>(o[mt][2 * fp + 1], pa[mt], b10, b11);
+                }
+            }
+        }
     }
 
     // ---- normalise and store; a row whose keys are all masked has l = 0 and gets zeros
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f;
-    const float inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
 #pragma unroll
-    for (int n = 0; n < HEAD_DIM / 8; ++n) {
-        const int c = n * 8 + tig * 2;
-        if (ok0) *reinterpret_cast<u32*>(ob + row0 * rs + c) = fa_pack<BF16>(o[n][0] * inv0, o[n][1] * inv0);
-        if (ok1) *reinterpret_cast<u32*>(ob + row1 * rs + c) = fa_pack<BF16>(o[n][2] * inv1, o[n][3] * inv1);
+    for (int mt = 0; mt < FA_MT; ++mt) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const float x = ls[mt][2 * hh];  // the whole row's sum (the mma added over the quad)
+            const float inv = x > 0.f ? 1.f / x : 0.f;
+            if (rok[mt][hh]) {
+                unsigned short* orow = ob + (i64)row[mt][hh] * rs + tig * 2;
+#pragma unroll
+                for (int n = 0; n < HEAD_DIM / 8; ++n)
+                    *reinterpret_cast<u32*>(orow + n * 8) =
+                        fa_pack<BF16>(o[mt][n][2 * hh] * inv, o[mt][n][2 * hh + 1] * inv);
+            }
+        }
     }
 }
 
 extern "C" __global__ __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) void flash_attention_bf16(
     const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* coords, const float* gamma,
-    const unsigned char* mask, __nv_bfloat16* out, int L, int H, float scale, float cutoff2) {
+    const unsigned char* mask, __nv_bfloat16* out, int L, int H, int xstride, int mstride, float scale,
+    float cutoff2) {
     __shared__ FaSmem sm;
     if (cutoff2 >= 0.f)
-        flash_attention_mma<true, true>(sm, q, k, v, coords, gamma, mask, out, L, H, scale, cutoff2);
+        flash_attention_mma<true, true>(sm, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale, cutoff2);
     else
-        flash_attention_mma<true, false>(sm, q, k, v, coords, gamma, mask, out, L, H, scale, cutoff2);
+        flash_attention_mma<true, false>(sm, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale, cutoff2);
 }
 
 extern "C" __global__ __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) void flash_attention_f16(
     const __half* q, const __half* k, const __half* v, const float* coords, const float* gamma,
-    const unsigned char* mask, __half* out, int L, int H, float scale, float cutoff2) {
+    const unsigned char* mask, __half* out, int L, int H, int xstride, int mstride, float scale, float cutoff2) {
     __shared__ FaSmem sm;
     if (cutoff2 >= 0.f)
-        flash_attention_mma<false, true>(sm, q, k, v, coords, gamma, mask, out, L, H, scale, cutoff2);
+        flash_attention_mma<false, true>(sm, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale, cutoff2);
     else
-        flash_attention_mma<false, false>(sm, q, k, v, coords, gamma, mask, out, L, H, scale, cutoff2);
+        flash_attention_mma<false, false>(sm, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale,
+                                          cutoff2);
 }

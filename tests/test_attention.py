@@ -67,12 +67,13 @@ def round16(a, precision):
     return a.astype(np.float16).astype(np.float32)
 
 
-def flash_emulate(q, k, v, x, gamma, *, cutoff=None, mask=None, scale=None, block_n=64, block_m=64,
-                  precision="bfloat16"):
+def flash_emulate(q, k, v, x, gamma, *, cutoff=None, mask=None, scale=None, block_n=64, block_m=128,
+                  precision="bfloat16", tau=8.0):
     """NumPy mirror of attention_flash.cu on 16-bit-representable float32 inputs: logits in float32 and
     log2 units; without a cutoff the bias is expanded about the first real query residue of each block
-    of ``block_m`` rows; running max and sum per row over key tiles of ``block_n``; P rounded to 16 bits
-    before P V; the output rounded to 16 bits."""
+    of ``block_m`` rows; key tiles of ``block_n``; per row a reference maximum that moves only when a
+    tile's maximum exceeds it by more than ``tau`` (lazy rescaling), and the running sum; P rounded to
+    16 bits before P V and before it is summed; the output rounded to 16 bits."""
     f32 = np.float32
     q, k, v = (np.asarray(a, f32) for a in (q, k, v))
     B, L, H, d = q.shape
@@ -105,13 +106,15 @@ def flash_emulate(q, k, v, x, gamma, *, cutoff=None, mask=None, scale=None, bloc
                 d2 = (diff**2).sum(-1, dtype=f32)
                 t = s * sl2 - gl2 * d2
                 t = np.where((d2 > c2) | ~keep[b, None, n0:n1], f32(-np.inf), t)
-            mn = np.maximum(m, t.max(1))
-            mu = np.where(mn == -np.inf, f32(0), mn)
-            p = np.exp2(t - mu[:, None])
-            corr = np.exp2(m - mu)
-            lsum = lsum * corr + p.sum(1)
-            acc = acc * corr[:, None] + round16(p, precision) @ v[b, n0:n1, h]
-            m = mn
+            tm = t.max(1)
+            up = tm > m + f32(tau)  # -inf + tau = -inf: the first real logit moves the reference
+            with np.errstate(invalid="ignore", over="ignore"):
+                corr = np.where(up, np.exp2(m - tm), f32(1)).astype(f32)
+            m = np.where(up, tm, m)
+            mu = np.where(m == -np.inf, f32(0), m)
+            p16 = round16(np.exp2(t - mu[:, None]), precision)  # the kernel sums the P it multiplies V by
+            lsum = lsum * corr + p16.sum(1)
+            acc = acc * corr[:, None] + p16 @ v[b, n0:n1, h]
         inv = np.divide(f32(1), lsum, out=np.zeros_like(lsum), where=lsum > 0)
         out[b, rows, h] = round16(acc * inv[:, None], precision)
     return out
@@ -347,12 +350,28 @@ def test_flash_config_fits_static_shared_memory(d):
     assert cfg["HEAD_DIM"] == d and cfg["FA_BLOCK_N"] % 16 == 0
     assert flash_smem_bytes(d, cfg["FA_BLOCK_N"], cfg["FA_STAGES"]) <= 48 * 1024
     assert cfg["FA_STAGES"] == 2  # every supported d gets double buffering
+    # Two 16-row slices per warp up to d = 64 (the second slice of O would spill beyond).
+    assert cfg["FA_MT"] == (2 if d <= 64 else 1)
+    assert att.flash_block_m(cfg) == 16 * cfg["FA_MT"] * cfg["FA_WARPS"]
 
 
 def test_flash_overrides(monkeypatch):
-    monkeypatch.setattr(att, "FLASH_OVERRIDES", {"FA_WARPS": 8, "HEAD_DIM": 3})
+    monkeypatch.setattr(att, "FLASH_OVERRIDES", {"FA_WARPS": 8, "HEAD_DIM": 3, "FA_MT": 1})
     cfg = flash_config(64)
     assert cfg["FA_WARPS"] == 8 and cfg["HEAD_DIM"] == 64
+    assert att.flash_block_m(cfg) == 128
+
+
+def test_fast_path_declines_host_and_weight_calls():
+    # The fast path takes only 16-bit device arrays; everything else goes the general way (and is
+    # validated there), so these calls must not even look for CuPy.
+    rng = np.random.default_rng(16)
+    q, k, v, x, gamma = problem(rng, 1, 8, 2, 16)
+    q16 = q.astype(np.float16)
+    for kw in ({}, {"return_weights": True}, {"method": "materialized"}, {"device": "cpu"}):
+        args = {"return_weights": False, "method": "auto", "device": "auto", **kw}
+        assert att._fast_attention(q16, q16, q16, x, gamma, None, None, None, args["return_weights"],
+                                   args["method"], args["device"]) is None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -436,13 +455,14 @@ def _as16(a, precision):
 @given(
     L=st.integers(1, 150),
     block_n=st.sampled_from([16, 32, 64]),
-    block_m=st.sampled_from([32, 64]),
+    block_m=st.sampled_from([32, 64, 128]),
     use_cutoff=st.booleans(),
     use_mask=st.booleans(),
     precision=st.sampled_from(["bfloat16", "float16"]),
+    tau=st.sampled_from([0.0, 8.0]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_flash_algorithm_matches_twin(L, block_n, block_m, use_cutoff, use_mask, precision, seed):
+def test_flash_algorithm_matches_twin(L, block_n, block_m, use_cutoff, use_mask, precision, tau, seed):
     rng = np.random.default_rng(seed)
     q, k, v, x, gamma = problem(rng, 2, L, 2, 16, spread=15)
     q, k, v = (_as16(a, precision) for a in (q, k, v))
@@ -451,7 +471,7 @@ def test_flash_algorithm_matches_twin(L, block_n, block_m, use_cutoff, use_mask,
     if mask is not None:
         mask[1] = False  # a batch entry with every key masked
     got = flash_emulate(q, k, v, x, gamma, cutoff=cutoff, mask=mask, block_n=block_n, block_m=block_m,
-                        precision=precision)
+                        precision=precision, tau=tau)
     ref = attention_numpy(q, k, v, x, gamma=gamma, cutoff=cutoff, mask=mask)
     assert np.isfinite(got).all()
     if mask is not None:
@@ -468,6 +488,26 @@ def test_flash_tile_size_changes_only_rounding():
     a = flash_emulate(q, k, v, x, gamma, block_n=16, precision="float16")
     b = flash_emulate(q, k, v, x, gamma, block_n=64, precision="float16")
     assert np.max(np.abs(a - b)) < 4e-3
+
+
+def test_lazy_rescaling_changes_only_rounding_when_the_maximum_keeps_growing():
+    # Keys whose logits grow along the sequence (k_j ~ j q / L): every tile raises each row's maximum,
+    # by far more than tau per tile, so the kernel's rescaling branch runs on every tile; and a small
+    # growth (under tau) leaves the reference behind, so P exceeds 1 (up to 2^tau) in between.
+    rng = np.random.default_rng(21)
+    L, d = 300, 16
+    u = rng.normal(size=d)
+    u *= 2.0 / np.linalg.norm(u)  # logits scale * q . k_j ~ ramp_j: ~58 log2 units over the keys
+    q = _as16(u + 0.3 * rng.normal(size=(1, L, 1, d)), "float16")
+    ramp = np.linspace(0.0, 40.0, L)[None, :, None, None]
+    k = _as16(ramp * u + 0.1 * rng.normal(size=(1, L, 1, d)), "float16")
+    v = _as16(rng.normal(size=(1, L, 1, d)), "float16")
+    x = (np.cumsum(rng.normal(size=(1, L, 3)), axis=1) * 2).astype(np.float32)
+    ref = attention_numpy(q, k, v, x, gamma=[0.01])
+    eager = flash_emulate(q, k, v, x, [0.01], block_n=16, precision="float16", tau=0.0)
+    lazy = flash_emulate(q, k, v, x, [0.01], block_n=16, precision="float16", tau=8.0)
+    assert np.max(np.abs(lazy - ref)) < 4e-3 and np.max(np.abs(eager - ref)) < 4e-3
+    assert np.max(np.abs(lazy - eager)) < 4e-3
 
 
 def test_flash_numerics_within_2x_of_torch_like_sdpa_on_a_real_structure(datasets):
@@ -499,8 +539,11 @@ def test_kernel_configurations_compile():
     assert set(entry_points("attention_flash")) == {"flash_attention_bf16", "flash_attention_f16"}
     assert {"bias_softmax_f32", "bias_softmax_f64", "flash_simt_f32", "flash_simt_f64"} <= set(
         entry_points("attention"))
-    for d in (16, 128):  # both branches of flash_config
+    for d in (16, 48, 128):  # both branches of flash_config; 48: the uneven tile-copy loop
         assert bytes(compile_cubin("attention_flash", "sm_90", flash_config(d), cache=False).code)
+    # A sweep configuration of one 16-row slice per warp, one stage, 128-key tiles.
+    one = {"HEAD_DIM": 64, "FA_MT": 1, "FA_WARPS": 8, "FA_STAGES": 1, "FA_BLOCK_N": 128, "FA_MIN_BLOCKS": 1}
+    assert bytes(compile_cubin("attention_flash", "sm_80", one, cache=False).code)
     # The largest float32 tile of the CUDA-core kernel (the float64 entry point drops out at d > 64).
     code = bytes(compile_cubin("attention", "sm_80", {"HEAD_DIM": 128}, cache=False).code)
     assert b"flash_simt_f32" in code and b"flash_simt_f64" not in code

@@ -162,8 +162,10 @@ def test_16bit_within_2x_of_torch_sdpa(gpu, datasets, method, tdtype, cutoff, ma
     assert e_ours <= 2 * e_torch, (e_ours, e_torch)
     # Tighter: the tensor-core kernel follows its NumPy emulation to about one 16-bit rounding.
     if method == "fused" and not masked:
+        cfg = att.flash_config(64)
         emu = flash_emulate(q64.astype(np.float32), k64.astype(np.float32), v64.astype(np.float32), x, gamma,
-                            cutoff=cutoff, block_n=att.flash_config(64)["FA_BLOCK_N"], precision=tdtype)
+                            cutoff=cutoff, block_n=cfg["FA_BLOCK_N"], block_m=att.flash_block_m(cfg),
+                            precision=tdtype)
         assert err(got.double().cpu().numpy(), emu.astype(np.float64)) <= (1.6e-2 if tdtype == "bfloat16" else 2e-3)
 
 
@@ -201,7 +203,8 @@ def test_fused_float16_lengths_and_head_dims(gpu, L, d):
 @pytest.mark.parametrize(
     "overrides",
     [{"FA_BLOCK_N": 16}, {"FA_BLOCK_N": 32}, {"FA_WARPS": 2}, {"FA_WARPS": 8, "FA_MIN_BLOCKS": 1},
-     {"FA_STAGES": 1}, {"FA_MIN_BLOCKS": 2}, {"FA_BLOCK_N": 128, "FA_STAGES": 1}],
+     {"FA_STAGES": 1}, {"FA_MIN_BLOCKS": 1}, {"FA_BLOCK_N": 128, "FA_STAGES": 1},
+     {"FA_MT": 1}, {"FA_MT": 1, "FA_WARPS": 8, "FA_MIN_BLOCKS": 2}, {"FA_TAU": "0.0f"}],
 )
 def test_tile_configuration_changes_only_rounding(gpu, datasets, monkeypatch, overrides):
     q, k, v, x, gamma = real_problem(datasets)
@@ -211,6 +214,115 @@ def test_tile_configuration_changes_only_rounding(gpu, datasets, monkeypatch, ov
     monkeypatch.setattr(att, "FLASH_OVERRIDES", overrides)
     got = attention(qd, kd, vd, xd, gamma=gamma, method="fused").get().astype(np.float64)
     assert np.max(np.abs(got - base)) <= 2e-3  # one or two float16 roundings of |out| <~ 2
+
+
+# --------------------------------------------------------------------------------------------------
+# The fast path (16-bit device arrays straight into the kernel) against the general path
+
+
+def test_fast_path_equals_general_path_torch(gpu, datasets):
+    """Device coordinates (shared (L, 3)) and mask ((L,)) take the fast path with batch stride 0; host
+    coordinates and a host (B, L) mask take the general path (DLPack, broadcast copies). Same kernel,
+    same configuration: the results must be identical, bit for bit."""
+    torch = pytest.importorskip("torch")
+    q, k, v, x, gamma = real_problem(datasets, B=3)
+    qt, kt, vt = (torch.from_numpy(a).to("cuda", torch.bfloat16) for a in (q, k, v))
+    L = q.shape[1]
+    mask = np.ones(L, bool)
+    mask[200:] = False
+    for cutoff in (None, 10.0):
+        fast = attention(qt, kt, vt, torch.from_numpy(x[0]).cuda(), gamma=gamma, cutoff=cutoff,
+                         mask=torch.from_numpy(mask).cuda())
+        general = attention(qt, kt, vt, np.repeat(x[:1], 3, axis=0), gamma=gamma, cutoff=cutoff,
+                            mask=np.repeat(mask[None], 3, axis=0))
+        assert fast.dtype == torch.bfloat16 and fast.shape == qt.shape
+        assert torch.equal(fast, general), cutoff
+        # unbatched input: (L, H, d) out
+        one = attention(qt[0], kt[0], vt[0], torch.from_numpy(x[0]).cuda(), gamma=gamma, cutoff=cutoff,
+                        mask=torch.from_numpy(mask).cuda())
+        assert one.shape == qt.shape[1:] and torch.equal(one, fast[0])
+
+
+def test_fast_path_gamma_and_scale_are_not_mixed_up_between_calls(gpu, datasets):
+    torch = pytest.importorskip("torch")
+    q, k, v, x, _ = real_problem(datasets, B=1)
+    qt, kt, vt = (torch.from_numpy(a).to("cuda", torch.float16) for a in (q, k, v))
+    xt = torch.from_numpy(x).cuda()
+    q64, k64, v64 = (a.double().cpu().numpy() for a in (qt, kt, vt))
+    for gamma, scale in (([0.0, 0.0, 0.0, 0.0], None), ([0.2, 0.1, 0.05, 0.0], None), (0.3, 0.05),
+                         ([0.0, 0.0, 0.0, 0.0], None)):
+        got = attention(qt, kt, vt, xt, gamma=gamma, scale=scale).double().cpu().numpy()
+        ref = attention_numpy(q64, k64, v64, x, gamma=gamma, scale=scale)
+        assert err(got, ref) < 4e-3, (gamma, scale)
+
+
+def test_fast_path_runs_on_torch_current_stream(gpu, datasets):
+    torch = pytest.importorskip("torch")
+    q, k, v, x, gamma = real_problem(datasets)
+    qt, kt, vt = (torch.from_numpy(a).to("cuda", torch.bfloat16) for a in (q, k, v))
+    xt = torch.from_numpy(x).cuda()
+    base = attention(qt, kt, vt, xt, gamma=gamma)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        # Inputs made on the side stream just before the call: the kernel must run after them.
+        q2, k2, v2 = (a.clone() for a in (qt, kt, vt))
+        got = attention(q2, k2, v2, xt, gamma=gamma)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert torch.equal(got, base)
+
+
+def test_fast_path_cupy_float16_shared_mask_unbatched(gpu, datasets):
+    q, k, v, x, gamma = real_problem(datasets, B=1)
+    q, k, v = (round16(a[0], "float16") for a in (q, k, v))  # (L, H, d)
+    L = q.shape[0]
+    mask = np.arange(L) % 7 != 3
+    qd, kd, vd = (gpu.asarray(a.astype(np.float16)) for a in (q, k, v))
+    for cutoff in (None, 9.0):
+        got = attention(qd, kd, vd, gpu.asarray(x[0]), gamma=gamma, cutoff=cutoff, mask=gpu.asarray(mask))
+        assert isinstance(got, gpu.ndarray) and got.dtype == np.float16 and got.shape == (L, 4, 64)
+        ref = attention_numpy(q, k, v, x[0], gamma=gamma, cutoff=cutoff, mask=mask)
+        assert err(got.get(), ref) < 4e-3, cutoff
+
+
+def test_cutoff_tile_skipping_on_a_long_chain(gpu):
+    """A 1500-residue random walk with an 8 Angstrom cutoff: most key tiles lie beyond the cutoff of a
+    warp's rows and are skipped whole; the result must still be the definition's."""
+    rng = np.random.default_rng(3)
+    B, L, H, d = 2, 1500, 2, 32
+    steps = rng.normal(size=(B, L, 3))
+    x = np.cumsum(3.8 * steps / np.linalg.norm(steps, axis=-1, keepdims=True), axis=1).astype(np.float32)
+    q, k, v = (round16(rng.normal(size=(B, L, H, d)), "float16") for _ in range(3))
+    mask = rng.random((B, L)) < 0.9
+    gamma = np.array([0.02, 0.2])
+    qd, kd, vd = (gpu.asarray(a.astype(np.float16)) for a in (q, k, v))
+    got = attention(qd, kd, vd, gpu.asarray(x), gamma=gamma, cutoff=8.0, mask=gpu.asarray(mask)).get()
+    ref = attention_numpy(q, k, v, x, gamma=gamma, cutoff=8.0, mask=mask)
+    assert err(got, ref) < 4e-3
+    cfg = att.flash_config(d)
+    emu = flash_emulate(q, k, v, x, gamma, cutoff=8.0, mask=mask, block_n=cfg["FA_BLOCK_N"],
+                        block_m=att.flash_block_m(cfg), precision="float16")
+    assert err(got, emu.astype(np.float64)) < 2e-3
+
+
+def test_growing_maxima_rescale_many_times(gpu):
+    """Logits that grow along the keys by ~58 log2 units: the kernel's rescaling branch runs on many
+    tiles, and between them P exceeds 1 (up to 2^FA_TAU)."""
+    rng = np.random.default_rng(21)
+    L, d = 700, 64
+    u = rng.normal(size=d)
+    u *= 4.0 / np.linalg.norm(u)  # |u|^2 = 16, scale 1/8: the logit of key j is ~ ramp_j nats
+    q = round16(u + 0.3 * rng.normal(size=(1, L, 1, d)), "bfloat16")
+    ramp = np.linspace(0.0, 40.0, L)[None, :, None, None]
+    k = round16(ramp * u / 2 + 0.1 * rng.normal(size=(1, L, 1, d)), "bfloat16")
+    v = round16(rng.normal(size=(1, L, 1, d)), "bfloat16")
+    x = (np.cumsum(rng.normal(size=(1, L, 3)), axis=1) * 2).astype(np.float32)
+    torch = pytest.importorskip("torch")
+    qt, kt, vt = (torch.from_numpy(a).to("cuda", torch.bfloat16) for a in (q, k, v))
+    got = attention(qt, kt, vt, torch.from_numpy(x).cuda(), gamma=[0.01]).double().cpu().numpy()
+    ref = attention_numpy(q, k, v, x, gamma=[0.01])
+    assert err(got, ref) < 3e-2
 
 
 def test_ml_dtypes_bfloat16_numpy_through_gpu(gpu, datasets):
@@ -295,6 +407,18 @@ def check_attention_for_sanitizer() -> None:
                     got = attention(qd, kd, vd, cupy.asarray(x), gamma=gamma, cutoff=cutoff,
                                     mask=cupy.asarray(mask), method=method)
                     assert err(got.get(), ref16) < tol, ("attention", L, d, dtype, method, cutoff)
+                    if dtype == np.float16 and method == "fused":
+                        # Host input: the general path (broadcast copies, per-call launch checks) and, for
+                        # d % 16 == 0, the tensor-core kernel with its full-batch strides; one shared
+                        # (L,) mask on the fast path (batch stride 0).
+                        host = attention(*(a.astype(dtype) for a in (q, k, v)), x, gamma=gamma, cutoff=cutoff,
+                                         mask=mask, method=method, device="gpu")
+                        assert err(host, ref16) < tol, ("attention host", L, d, cutoff)
+                        shared = attention(qd, kd, vd, cupy.asarray(x[0]), gamma=gamma, cutoff=cutoff,
+                                           mask=cupy.asarray(mask[0]), method=method).get()
+                        ref0 = attention_numpy(*(a.astype(dtype) for a in (q, k, v)), x[0], gamma=gamma,
+                                               cutoff=cutoff, mask=mask[0])
+                        assert err(shared, ref0) < tol, ("attention shared", L, d, cutoff)
     print("attention: ok")
 
 

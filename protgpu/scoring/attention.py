@@ -22,6 +22,9 @@ float64 inside), and two CUDA paths:
   ``mma.sync`` m16n8k16 with float32 accumulation, K/V tiles through shared memory by ``cp.async``,
   online softmax, the bias computed from the coordinates in the kernel); float32, float64 and other
   head dimensions run ``kernels/attention.cu: flash_simt_*`` (the same algorithm on CUDA cores).
+  Calls on float16/bfloat16 torch CUDA tensors or CuPy arrays with coordinates (and mask) on the same
+  device skip the general input handling: pointers in, one launch on the caller's current stream, no
+  host synchronisation (see "Fast path" below).
 
 ``method="auto"`` chooses by dtype and size (:func:`choose_method`): the tensor-core kernel for 16-bit
 inputs; on CUDA cores the materialised path while one score matrix is small, the fused one beyond.
@@ -36,12 +39,13 @@ as the same type.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .._array import array_kind, dispatch, is_torch_tensor, to_numpy
+from .._array import array_kind, dispatch, is_cupy_array, is_torch_tensor, to_numpy
 from .._memory import check_host_fits, device_budget_bytes, format_bytes, rows_per_chunk
 from ..errors import InputError, MemoryBudgetError
 
@@ -268,13 +272,24 @@ def _prepare(q, k, v, coords, gamma, cutoff, mask, scale, be) -> _Problem:
             raise InputError(f"{cname}: NaN or infinite coordinates at {where}")
     x = xp.ascontiguousarray(xp.broadcast_to(be.asarray(x, np.float32), (B, L, 3)))
 
-    g = np.asarray(to_numpy(gamma), dtype=np.float64)
+    g = _check_gamma(np.asarray(to_numpy(gamma), dtype=np.float64), H)
+    cutoff, scale = _check_cutoff_scale(cutoff, scale, d)
+    return _Problem(qo, ko, vo, x, m, g, cutoff, scale, squeeze)
+
+
+def _check_gamma(g: np.ndarray, H: int) -> np.ndarray:
+    """gamma as (H,) float64 (a scalar is broadcast), finite and >= 0."""
     if g.ndim == 0:
         g = np.full(H, float(g))
     if g.shape != (H,):
         raise InputError(f"gamma must be a number or have shape ({H},) (one per head), got {g.shape}")
     if not np.isfinite(g).all() or (g < 0).any():
         raise InputError("gamma must be finite and >= 0 (per Angstrom^2)")
+    return g
+
+
+def _check_cutoff_scale(cutoff, scale, d: int) -> tuple[float | None, float]:
+    """The cutoff (None or a positive float, Angstrom) and the scale (default 1 / sqrt(d))."""
     if cutoff is not None:
         cutoff = float(cutoff)
         if not (math.isfinite(cutoff) and cutoff > 0):
@@ -282,7 +297,7 @@ def _prepare(q, k, v, coords, gamma, cutoff, mask, scale, be) -> _Problem:
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if not math.isfinite(scale):
         raise InputError(f"scale must be finite, got {scale}")
-    return _Problem(qo, ko, vo, x, m, g, cutoff, scale, squeeze)
+    return cutoff, scale
 
 
 # --------------------------------------------------------------------------------------------------
@@ -373,7 +388,7 @@ def flash_config(d: int) -> dict:
     Returns
     -------
     dict
-        ``HEAD_DIM``, ``FA_BLOCK_N``, ``FA_STAGES``, ``FA_WARPS``, ``FA_MIN_BLOCKS``.
+        ``HEAD_DIM``, ``FA_BLOCK_N``, ``FA_STAGES``, ``FA_WARPS``, ``FA_MT``, ``FA_MIN_BLOCKS``.
     """
     cfg = None
     for block_n, stages in ((64, 2), (32, 2), (64, 1), (32, 1), (16, 1)):
@@ -382,12 +397,18 @@ def flash_config(d: int) -> dict:
             break
     if cfg is None:
         raise InputError(f"head dimension {d} is too large for the tensor-core kernel")
-    # 4 warps (64 query rows) per block. d <= 64: 128 registers a thread, so that 4 blocks share an SM
-    # (L = 4096, H = 8 is then a single wave of 512 blocks on 132 SMs); d = 128 needs ~220 registers.
-    cfg.update({"FA_WARPS": 4, "FA_MIN_BLOCKS": 4 if d <= 64 else 2})
+    # 4 warps of 2 x 16 query rows (128 rows a block) for d <= 64: every K and V fragment read from shared
+    # memory feeds two mma instructions, and the ~255 registers a thread allow 2 blocks per SM (L = 4096,
+    # H = 8 is then one wave of 256 blocks on 132 SMs). Beyond d = 64 the second slice of O would spill.
+    cfg.update({"FA_WARPS": 4, "FA_MT": 2 if d <= 64 else 1, "FA_MIN_BLOCKS": 2})
     cfg.update(FLASH_OVERRIDES)
     cfg["HEAD_DIM"] = d
     return cfg
+
+
+def flash_block_m(cfg: dict) -> int:
+    """Query rows per block of ``attention_flash.cu`` under the knobs ``cfg`` (16 x FA_MT x FA_WARPS)."""
+    return 16 * int(cfg.get("FA_MT", 2)) * int(cfg.get("FA_WARPS", 4))
 
 
 def flash_smem_bytes(d: int, block_n: int, stages: int) -> int:
@@ -455,8 +476,9 @@ def _batch_chunks(B: int):
 
 
 def _launch_flash_mma(q, k, v, x, gamma_d, mask_u8, precision, scale, cutoff2, defines=None):
-    """Run ``attention_flash.cu`` on (B, L, H, d) 16-bit CuPy arrays (bfloat16 as uint16); returns the
-    output in the same dtype."""
+    """Run ``attention_flash.cu`` on (B, L, H, d) 16-bit CuPy arrays (bfloat16 as uint16); ``x`` (B, L, 3)
+    float32, ``mask_u8`` (B, L) uint8 or None, ``gamma_d`` (H,) float32 on the device. Returns the output
+    in the dtype of ``q``."""
     import cupy
 
     from .. import _cuda
@@ -467,11 +489,11 @@ def _launch_flash_mma(q, k, v, x, gamma_d, mask_u8, precision, scale, cutoff2, d
     h = _cuda.get_kernel("attention_flash", entry, cfg)
     q, k, v = (_aligned(a, cupy) for a in (q, k, v))
     out = cupy.empty_like(q)
-    rows = 16 * int(cfg.get("FA_WARPS", 4))
+    rows = flash_block_m(cfg)
     for b0, b1 in _batch_chunks(B):
         _cuda.launch(h, ((L + rows - 1) // rows, H, b1 - b0), (32 * int(cfg.get("FA_WARPS", 4)),),
                      q[b0:b1], k[b0:b1], v[b0:b1], x[b0:b1], gamma_d,
-                     None if mask_u8 is None else mask_u8[b0:b1], out[b0:b1], L, H,
+                     None if mask_u8 is None else mask_u8[b0:b1], out[b0:b1], L, H, 3 * L, L,
                      np.float32(scale), np.float32(cutoff2))
     return out
 
@@ -555,7 +577,8 @@ def _attention_cuda(p: _Problem, method: str, return_weights: bool, weights_host
 
     prec = p.q.precision
     B, L, H, d = p.q.array.shape
-    mask_u8 = None if p.mask is None else cupy.ascontiguousarray(p.mask.astype(cupy.uint8))
+    # bool and uint8 are both one byte of 0 / 1: a view, not a conversion.
+    mask_u8 = None if p.mask is None else cupy.ascontiguousarray(p.mask).view(cupy.uint8)
     cutoff2 = -1.0 if p.cutoff is None else p.cutoff**2
     x = cupy.ascontiguousarray(p.coords, dtype=cupy.float32)
     compute = np.float64 if prec == "float64" else np.float32
@@ -563,7 +586,7 @@ def _attention_cuda(p: _Problem, method: str, return_weights: bool, weights_host
     if method == "fused":
         fk = fused_kernel(prec, d)
         if fk == "mma":
-            g32 = cupy.asarray(p.gamma.astype(np.float32))
+            g32 = _device_gamma(p.gamma, "float32")
             out = _launch_flash_mma(p.q.array, p.k.array, p.v.array, x, g32, mask_u8, prec, p.scale, cutoff2,
                                     flash_defines)
             return out, None
@@ -576,6 +599,248 @@ def _attention_cuda(p: _Problem, method: str, return_weights: bool, weights_host
     gd = cupy.asarray(p.gamma.astype(compute))
     out, w = _materialized_cuda(q, k, v, x, gd, mask_u8, p.scale, cutoff2, weights_host, return_weights)
     return _from_compute(out, prec, cupy), w
+
+
+# --------------------------------------------------------------------------------------------------
+# Fast path: 16-bit device arrays straight into the tensor-core kernel
+#
+# The general path above converts every operand through DLPack and CuPy, broadcasts coordinates and
+# mask, uploads gamma and type-checks each launch argument: some 0.25 ms of Python per call, longer than
+# the kernel itself at L = 4096. A call on torch CUDA tensors or CuPy arrays of float16 / bfloat16 with
+# coordinates (and mask) on the same device takes this path instead: the operands are passed by pointer
+# as they are (copied only when strided or not 16-byte aligned), shared (L, 3) coordinates and (L,) masks
+# by a batch stride of 0, the output is allocated by the caller's library on its current stream, and
+# everything that depends only on the call's shapes and constants (kernel, grid, scalar arguments, gamma
+# on the device) is kept in a plan. No host synchronisation, one launch.
+
+_PLANS: dict = {}
+_MAX_PLANS = 256
+_GAMMA_CACHE: dict = {}
+_MAX_GAMMA_CACHE = 256
+_STREAMS: dict = {}
+
+
+def _device_gamma(g: np.ndarray, dtype):
+    """gamma as a CuPy array on the current device, kept per value so that repeated calls upload nothing.
+
+    The upload is waited for once, when the array is made: kernels on any stream (torch's included) may
+    read it afterwards.
+    """
+    import cupy
+
+    a = np.ascontiguousarray(g, dtype=dtype)
+    key = (cupy.cuda.runtime.getDevice(), a.dtype.str, a.tobytes())
+    hit = _GAMMA_CACHE.get(key)
+    if hit is None:
+        hit = cupy.asarray(a)
+        cupy.cuda.get_current_stream().synchronize()
+        if len(_GAMMA_CACHE) < _MAX_GAMMA_CACHE:  # never evicted: a kernel in flight may still read it
+            _GAMMA_CACHE[key] = hit
+    return hit
+
+
+class _ForeignStream:
+    """A raw CUDA stream handle (torch's) in the ``__cuda_stream__`` protocol that cuda.core accepts."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+_TLS = threading.local()
+
+
+def _ensure_context(dev: int) -> None:
+    """Make device ``dev``'s primary context current in this thread for cuda.core's launches (once per
+    thread and device; the general path's kernel lookup does it on every call)."""
+    if getattr(_TLS, "dev", None) != dev:
+        from cuda.core import Device
+
+        Device(dev).set_current()
+        _TLS.dev = dev
+
+
+def _core_stream(handle: int):
+    """A cuda.core Stream for a raw stream handle on the current device (one wrapper each, made once)."""
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    st = _STREAMS.get((dev, handle))
+    if st is None:
+        from cuda.core import Device
+
+        _ensure_context(dev)
+        st = Device(dev).create_stream(_ForeignStream(handle))
+        _STREAMS[(dev, handle)] = st
+    return st
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a fast-path launch needs beyond the operands' pointers."""
+
+    kernel: Any  # cuda.core Kernel
+    launch_config: Any  # cuda.core LaunchConfig
+    gamma: Any  # (H,) float32 CuPy array, kept alive here
+    tail: tuple  # scalar arguments: L, H, xstride, mstride, scale, cutoff2 (NumPy scalars)
+
+
+def _fast_plan(precision: str, shape: tuple, xshape: tuple, mshape, gamma, cutoff, scale) -> _Plan | None:
+    """The plan of a fast-path call, or None when the call must take the general path (which also
+    reports bad input)."""
+    if not all(c is None or isinstance(c, (int, float, np.integer, np.floating)) for c in (cutoff, scale)):
+        return None
+    try:
+        g = np.asarray(to_numpy(gamma), dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    key = (precision, shape, xshape, mshape, g.shape, g.tobytes(), cutoff, scale,
+           tuple(sorted(FLASH_OVERRIDES.items())))
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    plan = _PLANS.get((dev, key))
+    if plan is not None:
+        return plan
+    B, L, H, d = (1, *shape) if len(shape) == 3 else shape
+    if min(B, L, H, d) < 1 or B > _MAX_GRID_YZ or H > _MAX_GRID_YZ or fused_kernel(precision, d) != "mma":
+        return None
+    if xshape == (L, 3) or xshape == (1, L, 3):
+        xstride = 0
+    elif xshape == (B, L, 3):
+        xstride = 3 * L
+    else:
+        return None
+    if mshape is None or mshape == (L,):
+        mstride = 0
+    elif mshape == (B, L):
+        mstride = L
+    else:
+        return None
+    try:
+        g = _check_gamma(g, H)
+        cutoff_f, scale_f = _check_cutoff_scale(cutoff, scale, d)
+    except InputError:
+        return None
+    from cuda.core import LaunchConfig
+
+    from .. import _cuda
+
+    cfg = flash_config(d)
+    entry = "flash_attention_bf16" if precision == "bfloat16" else "flash_attention_f16"
+    handle = _cuda.get_kernel("attention_flash", entry, cfg)
+    rows = flash_block_m(cfg)
+    launch_config = LaunchConfig(grid=((L + rows - 1) // rows, H, B), block=(32 * int(cfg["FA_WARPS"]),),
+                                 shmem_size=0)
+    cutoff2 = -1.0 if cutoff_f is None else cutoff_f**2
+    tail = (np.int32(L), np.int32(H), np.int32(xstride), np.int32(mstride), np.float32(scale_f), np.float32(cutoff2))
+    plan = _Plan(handle.kernel, launch_config, _device_gamma(g, np.float32), tail)
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()  # plans hold no memory that a kernel in flight reads (gamma lives in _GAMMA_CACHE)
+    _PLANS[(dev, key)] = plan
+    return plan
+
+
+def _host_gamma(gamma) -> bool:
+    """gamma given on the host (reading a device gamma would synchronise: the general path does that)."""
+    return not is_cupy_array(gamma) and not (is_torch_tensor(gamma) and gamma.is_cuda)
+
+
+def _fast_torch(q, k, v, coords, gamma, cutoff, mask, scale):
+    import torch
+
+    dt = q.dtype
+    if dt is torch.bfloat16:
+        precision = "bfloat16"
+    elif dt is torch.float16:
+        precision = "float16"
+    else:
+        return None
+    dev = q.device
+    if dev.type != "cuda" or not _host_gamma(gamma):
+        return None
+    for t in (k, v, coords) if mask is None else (k, v, coords, mask):
+        if not is_torch_tensor(t) or t.device != dev:
+            return None
+    if k.dtype is not dt or v.dtype is not dt or (mask is not None and mask.dtype is not torch.bool):
+        return None
+    shape = tuple(q.shape)
+    if tuple(k.shape) != shape or tuple(v.shape) != shape or len(shape) not in (3, 4):
+        return None
+    import cupy
+
+    if dev.index != cupy.cuda.runtime.getDevice():
+        return None
+    plan = _fast_plan(precision, shape, tuple(coords.shape), None if mask is None else tuple(mask.shape), gamma,
+                      cutoff, scale)
+    if plan is None:
+        return None
+    _ensure_context(dev.index)
+    # Copies (strided or misaligned operands, other coordinate dtypes) stay referenced until the launch
+    # is enqueued: freed earlier, their memory could be handed to the next copy before the kernel reads it.
+    ops = [t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+           for t in (q, k, v)]  # cp.async reads 16-byte chunks
+    x = coords
+    if x.dtype is not torch.float32 or not x.is_contiguous():
+        x = x.to(torch.float32).contiguous()
+    m = None if mask is None else mask.contiguous()
+    out = torch.empty(shape, dtype=dt, device=dev)
+    from cuda.core import launch
+
+    launch(_core_stream(torch.cuda.current_stream(dev).cuda_stream), plan.launch_config, plan.kernel,
+           ops[0].data_ptr(), ops[1].data_ptr(), ops[2].data_ptr(), x.data_ptr(), plan.gamma.data.ptr,
+           0 if m is None else m.data_ptr(), out.data_ptr(), *plan.tail)
+    return out
+
+
+def _fast_cupy(q, k, v, coords, gamma, cutoff, mask, scale):
+    import cupy
+
+    dt = q.dtype
+    if dt == np.float16:
+        precision = "float16"
+    elif dt.name == "bfloat16" and dt.itemsize == 2:
+        precision = "bfloat16"
+    else:
+        return None
+    if not _host_gamma(gamma) or not all(is_cupy_array(a) for a in (k, v, coords)):
+        return None
+    if mask is not None and not (is_cupy_array(mask) and mask.dtype == np.bool_):
+        return None
+    if k.dtype != dt or v.dtype != dt or k.shape != q.shape or v.shape != q.shape or q.ndim not in (3, 4):
+        return None
+    dev = cupy.cuda.runtime.getDevice()
+    if any(a.device.id != dev for a in (q, k, v, coords) + (() if mask is None else (mask,))):
+        return None
+    plan = _fast_plan(precision, q.shape, coords.shape, None if mask is None else mask.shape, gamma, cutoff, scale)
+    if plan is None:
+        return None
+    _ensure_context(dev)
+    q, k, v = (_aligned(a, cupy) for a in (q, k, v))
+    x = cupy.ascontiguousarray(coords, dtype=cupy.float32)
+    m = None if mask is None else cupy.ascontiguousarray(mask)
+    out = cupy.empty(q.shape, dtype=dt)
+    from cuda.core import launch
+
+    launch(_core_stream(cupy.cuda.get_current_stream().ptr), plan.launch_config, plan.kernel,
+           q.data.ptr, k.data.ptr, v.data.ptr, x.data.ptr, plan.gamma.data.ptr, 0 if m is None else m.data.ptr,
+           out.data.ptr, *plan.tail)
+    return out
+
+
+def _fast_attention(q, k, v, coords, gamma, cutoff, mask, scale, return_weights, method, device):
+    """The fast path's result, or None when the call is not of its kind (see the comment above)."""
+    if return_weights or method not in ("auto", "fused") or device not in ("auto", "gpu"):
+        return None
+    if is_torch_tensor(q):
+        return _fast_torch(q, k, v, coords, gamma, cutoff, mask, scale)
+    if is_cupy_array(q):
+        return _fast_cupy(q, k, v, coords, gamma, cutoff, mask, scale)
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -620,6 +885,13 @@ def attention(q, k, v, coords, *, gamma, cutoff=None, mask=None, scale=None, ret
     device : {"auto", "cpu", "gpu"}
         Where to compute; ``"auto"`` follows the data (and uses a GPU for NumPy input when present).
 
+    Notes
+    -----
+    float16/bfloat16 q, k, v as torch CUDA tensors or CuPy arrays, with ``coords`` (and ``mask``) as
+    arrays of the same library on the same device and ``gamma`` given on the host, run without any host
+    synchronisation and with one kernel launch on the caller's current stream (torch's for tensors).
+    Coordinates on the device are not checked for NaN (the check would synchronise).
+
     Returns
     -------
     out : array, shape and dtype of ``q``, array type of the input
@@ -643,6 +915,9 @@ def attention(q, k, v, coords, *, gamma, cutoff=None, mask=None, scale=None, ret
     >>> out.shape, w.shape, bool(np.allclose(w.sum(-1), 1))
     ((5, 2, 8), (2, 5, 5), True)
     """
+    out = _fast_attention(q, k, v, coords, gamma, cutoff, mask, scale, return_weights, method, device)
+    if out is not None:
+        return out
     coords_in, _ = _coords_input(coords)
     be = dispatch(q, k, v, coords_in, mask, device=device)
     p = _prepare(q, k, v, coords, gamma, cutoff, mask, scale, be)
