@@ -1,0 +1,272 @@
+"""Figures: :func:`protgpu.plotting.heatmap` and the ``--plot`` options of ``protgpu contacts``,
+``protgpu pairwise-rmsd`` and ``protgpu score``.
+
+Each test checks that the PNG is written, is a real PNG and is not blank (many colours, most pixels
+not background), and, by catching the matplotlib Figure as it is saved, that the axes carry their
+titles, residue numbers as tick labels and a labelled colour bar.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from protgpu.errors import InputError
+
+REPO = Path(__file__).resolve().parents[1]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+matplotlib = pytest.importorskip("matplotlib")
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers
+
+
+@pytest.fixture
+def saved_figures(monkeypatch):
+    """Every matplotlib Figure saved during the test, in order (``Figure.savefig`` is wrapped)."""
+    from matplotlib.figure import Figure
+
+    figures = []
+    original = Figure.savefig
+
+    def savefig(self, *args, **kwargs):
+        figures.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return figures
+
+
+def assert_png_not_blank(path) -> np.ndarray:
+    """The file is a PNG of a reasonable size whose pixels are not one flat colour; returns them."""
+    from matplotlib.image import imread
+
+    path = Path(path)
+    assert path.is_file(), f"{path} was not written"
+    assert path.read_bytes()[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
+    img = imread(path)
+    assert img.ndim == 3 and img.shape[0] >= 100 and img.shape[1] >= 100, img.shape
+    rgb = np.round(img[..., :3] * 255).astype(np.uint8).reshape(-1, 3)
+    colours, counts = np.unique(rgb, axis=0, return_counts=True)
+    background = counts.max() / counts.sum()
+    assert len(colours) > 20, f"{path}: only {len(colours)} colours"
+    assert background < 0.95, f"{path}: {background:.0%} of the pixels are the background colour"
+    return img
+
+
+def tick_texts(axis) -> list[str]:
+    return [t.get_text() for t in axis.get_ticklabels() if t.get_text()]
+
+
+def colorbar_axes(fig, main):
+    others = [ax for ax in fig.axes if ax is not main]
+    assert others, "no colour bar"
+    return others[0]
+
+
+def no_temp_files(folder: Path) -> None:
+    leftovers = [p.name for p in folder.iterdir() if ".tmp" in p.name or p.name.startswith(".")]
+    assert not leftovers, leftovers
+
+
+# --------------------------------------------------------------------------------------------------
+# protgpu.plotting.heatmap
+
+
+def test_heatmap_writes_labelled_png(tmp_path, saved_figures):
+    from protgpu.plotting import heatmap
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 3)) * 8
+    m = np.sqrt(((x[:, None] - x[None]) ** 2).sum(-1))
+    numbers = list(range(101, 141))
+    out = heatmap(m, tmp_path / "map.png", xlabels=numbers, title="distances", xlabel="residue",
+                  ylabel="residue", cbar_label="distance (Å)", max_ticks=10, dpi=60)
+    assert Path(out) == tmp_path / "map.png"
+    assert_png_not_blank(out)
+    fig = saved_figures[-1]
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "residue" and ax.get_ylabel() == "residue"
+    assert ax.get_title() == "distances"
+    xt, yt = tick_texts(ax.xaxis), tick_texts(ax.yaxis)
+    assert 2 <= len(xt) <= 10 and xt[0] == "101"
+    assert set(xt) <= {str(n) for n in numbers} and yt == xt  # ylabels default to xlabels (square)
+    assert colorbar_axes(fig, ax).get_ylabel() == "distance (Å)"
+    no_temp_files(tmp_path)
+
+
+def test_heatmap_non_square_nan_inf_and_default_ticks(tmp_path, saved_figures):
+    from protgpu.plotting import heatmap
+
+    m = np.arange(5 * 60, dtype=np.float64).reshape(5, 60)
+    m[0, 0], m[1, 1], m[2, 2] = np.nan, np.inf, -np.inf  # left blank, not an error
+    out = heatmap(m, tmp_path / "rect.png", xlabels=[f"A:{i}" for i in range(60)], max_ticks=12, dpi=60)
+    assert_png_not_blank(out)
+    ax = saved_figures[-1].axes[0]
+    assert len(tick_texts(ax.xaxis)) <= 12
+    assert tick_texts(ax.yaxis)[0] == "0"  # rows without labels are numbered from 0
+
+
+def test_heatmap_colour_range(tmp_path, saved_figures):
+    from protgpu.plotting import heatmap
+
+    freq = np.clip(np.random.default_rng(1).random((30, 30)), 0, 1)
+    heatmap(freq, tmp_path / "freq.png", vmin=0.0, vmax=1.0, cbar_label="fraction of frames in contact", dpi=60)
+    img = saved_figures[-1].axes[0].images[0]
+    assert img.get_clim() == (0.0, 1.0)
+    assert_png_not_blank(tmp_path / "freq.png")
+
+
+def test_heatmap_replaces_an_existing_file_atomically(tmp_path):
+    from protgpu.plotting import heatmap
+
+    dest = tmp_path / "map.png"
+    dest.write_bytes(b"old")
+    heatmap(np.eye(20), dest, dpi=40)
+    assert dest.read_bytes()[:8] == PNG_SIGNATURE
+    no_temp_files(tmp_path)
+
+
+@pytest.mark.parametrize("matrix, kwargs, dest, match", [
+    (np.zeros(10), {}, "a.png", "2-D"),
+    (np.zeros((0, 4)), {}, "a.png", "2-D"),
+    (np.zeros((4, 4)), {"xlabels": [1, 2, 3]}, "a.png", "xlabels"),
+    (np.zeros((4, 5)), {"ylabels": [1, 2]}, "a.png", "ylabels"),
+    (np.zeros((4, 4)), {}, "a.jpg", "png"),
+])
+def test_heatmap_rejects_bad_input_without_writing(tmp_path, matrix, kwargs, dest, match):
+    from protgpu.plotting import heatmap
+
+    with pytest.raises(InputError, match=match):
+        heatmap(matrix, tmp_path / dest, **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_plotting_imports_matplotlib_only_to_draw(tmp_path):
+    """``import protgpu.plotting`` stays light, and drawing never imports pyplot (no global backend
+    change, no display needed)."""
+    code = (
+        "import sys, numpy as np\n"
+        "import protgpu, protgpu.plotting\n"
+        "assert 'matplotlib' not in sys.modules, 'imported matplotlib at import time'\n"
+        f"protgpu.plotting.heatmap(np.eye(12), {str(tmp_path / 'x.png')!r})\n"
+        "assert 'matplotlib.pyplot' not in sys.modules, 'heatmap imported pyplot'\n"
+    )
+    env_path = f"{REPO}"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**_env(), "PYTHONPATH": env_path}, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "x.png").is_file()
+
+
+def _env() -> dict:
+    import os
+
+    env = dict(os.environ)
+    env["PROTGPU_DISABLE_GPU"] = "1"  # only the figure is under test here
+    return env
+
+
+# --------------------------------------------------------------------------------------------------
+# The CLI's --plot options
+
+
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    from protgpu.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_contacts_plot_one_file_per_structure(tmp_path, datasets, saved_figures, capsys):
+    png = tmp_path / "map.png"
+    code, _, err = run_cli(["contacts", datasets / "adk_open.pdb", datasets / "adk_closed.pdb", "--plot", png,
+                            "--device", "cpu", "-q"], capsys)
+    assert code == 0, err
+    assert not png.exists()  # several inputs: one file each, named after the input
+    for name, fig in zip(("adk_open", "adk_closed"), saved_figures[-2:], strict=True):
+        assert_png_not_blank(tmp_path / f"map_{name}.png")
+        ax = fig.axes[0]
+        assert ax.get_xlabel() == "residue" and ax.get_ylabel() == "residue"
+        assert f"{name}.pdb" in ax.get_title()
+        assert tick_texts(ax.xaxis)[0] == "1"  # residue numbers as in the file (adk starts at MET 1)
+        assert "distance" in colorbar_axes(fig, ax).get_ylabel()
+
+
+def test_contacts_plot_trajectory_is_a_frequency_map(tmp_path, datasets, saved_figures, capsys):
+    png = tmp_path / "freq.png"
+    code, _, err = run_cli(["contacts", datasets / "adk_dims.dcd", "--top", datasets / "adk_open.pdb",
+                            "--select", "resid 1-80", "--frequency", "--plot", png, "--device", "cpu", "-q"], capsys)
+    assert code == 0, err
+    assert_png_not_blank(png)
+    fig = saved_figures[-1]
+    ax = fig.axes[0]
+    assert "98 frames" in ax.get_title()
+    assert colorbar_axes(fig, ax).get_ylabel() == "fraction of frames in contact"
+    assert ax.images[0].get_clim() == (0.0, 1.0)
+
+
+def test_pairwise_rmsd_plot(tmp_path, datasets, saved_figures, capsys):
+    png = tmp_path / "rmsd.png"
+    code, _, err = run_cli(["pairwise-rmsd", datasets / "adk_dims.dcd", "--top", datasets / "adk_open.pdb",
+                            "--select", "ca", "--plot", png, "--device", "cpu", "-q"], capsys)
+    assert code == 0, err
+    assert_png_not_blank(png)
+    fig = saved_figures[-1]
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "frame" and ax.get_ylabel() == "frame"
+    assert "98 frames" in ax.get_title()
+    assert "RMSD" in colorbar_axes(fig, ax).get_ylabel()
+
+
+def test_score_plot_per_residue_lddt(tmp_path, datasets, saved_figures, capsys):
+    png = tmp_path / "lddt.png"
+    code, _, err = run_cli(["score", datasets / "adk_closed.pdb", datasets / "adk_open.pdb", "--ref",
+                            datasets / "adk_open.pdb", "--metrics", "lddt", "--plot", png, "--device", "cpu",
+                            "--jobs", "1", "-q"], capsys)
+    assert code == 0, err
+    assert_png_not_blank(png)
+    ax = saved_figures[-1].axes[0]
+    assert ax.get_ylabel() == "lDDT" and "residue" in ax.get_xlabel()
+    assert ax.get_ylim()[0] == 0.0
+    assert len(ax.get_lines()) == 2  # one line per model
+    labels = tick_texts(ax.xaxis)
+    assert labels and all(any(ch.isdigit() for ch in t) for t in labels)  # residue numbers on the x axis
+    assert ax.get_legend() is not None
+
+
+@pytest.mark.parametrize("argv", [
+    ["contacts", "{d}/adk_open.pdb", "--plot", "{t}/x.jpg"],
+    ["pairwise-rmsd", "{d}/adk_open.pdb", "{d}/adk_closed.pdb", "--plot", "{t}/x.svg"],
+    ["score", "{d}/adk_closed.pdb", "--ref", "{d}/adk_open.pdb", "--plot", "{t}/x.pdf"],
+])
+def test_plot_needs_a_png_name(tmp_path, datasets, capsys, argv):
+    argv = [a.format(d=datasets, t=tmp_path) for a in argv] + ["--device", "cpu", "-q"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2
+    assert "png" in err and len(err.strip().splitlines()) == 1
+    assert not any(p.suffix in (".jpg", ".svg", ".pdf", ".png") for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("argv", [
+    ["contacts", "{d}/adk_open.pdb", "--plot", "{t}/x.png"],
+    ["pairwise-rmsd", "{d}/adk_open.pdb", "{d}/adk_closed.pdb", "--select", "ca", "--plot", "{t}/x.png"],
+    ["score", "{d}/adk_closed.pdb", "--ref", "{d}/adk_open.pdb", "--metrics", "lddt", "--jobs", "1",
+     "--plot", "{t}/x.png"],
+])
+def test_plot_without_matplotlib_is_one_line_error(tmp_path, datasets, capsys, monkeypatch, argv):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    argv = [a.format(d=datasets, t=tmp_path) for a in argv] + ["--device", "cpu", "-q"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2, err
+    assert "matplotlib" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.png").exists()
