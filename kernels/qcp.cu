@@ -1,12 +1,15 @@
 // qcp.cu: RMSD after optimal superposition by Theobald's QCP (quaternion characteristic polynomial).
 //
-// Three jobs, all ending in the same float64 QCP step (protgpu/superpose.py is the NumPy twin, constant
-// for constant and branch for branch):
-//   frame_moments_*  one block per frame: weighted centroid, G_A = sum w |x - c|^2 and
-//                    M = sum w (x - c) y^T against a centred reference, accumulated in float64
-//   qcp_frames       one thread per frame: l_max, the quaternion, the rotation and the RMSD
+// Every job ends in the same float64 QCP step (protgpu/superpose.py is the NumPy twin, constant for
+// constant and branch for branch):
+//   frame_moments_*  one warp per frame, one pass: G_A and M = sum w (x - c) yc^T against a centred
+//                    reference, and the centroid, accumulated in float64
+//   qcp_frames       one thread per frame: l_max, the quaternion, the rotation, the translation, the RMSD
+//   frame_direct_*   near-identical frames only: the RMSD re-measured on the coordinates
+//   centre_frames_*  one warp per frame: the centred (weighted) frames stacked as the GEMM's rows, and G
 //   qcp_pairs_*      one thread per pair of an all-vs-all tile: reads the pair's 3x3 block of the
 //                    cuBLAS product A B^T of the stacked centred frames, writes the RMSD
+//   qcp_refine_*     the rare pairs at a near-repeated root, by the quaternion path
 // The Python side passes the numerical constants below as #defines (the defaults here are the same).
 #include "common.cuh"
 
@@ -27,9 +30,6 @@
 #endif
 #ifndef QCP_JACOBI_SWEEPS
 #define QCP_JACOBI_SWEEPS 10
-#endif
-#ifndef MOMENT_THREADS
-#define MOMENT_THREADS 256
 #endif
 
 // Output modes of qcp_pairs (bit flags; same values in superpose.py).
@@ -251,100 +251,133 @@ __device__ __forceinline__ void qcp_coefficients(const double* s, QcpKey& k, dou
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Per-frame moments against one reference.
+// Warp helpers. Every per-frame kernel below gives one warp to one frame (grid-stride over frames):
+// the lanes stride over the atoms, and one butterfly reduction per frame (no __syncthreads, no shared
+// memory) leaves the totals in every lane.
 
-// Sum K values over the block; thread 0 gets the totals. smem: (MOMENT_THREADS / 32) * K doubles.
 template <int K>
-__device__ __forceinline__ void block_sum(double (&v)[K], double* smem) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+__device__ __forceinline__ void warp_sum(double (&v)[K]) {
 #pragma unroll
-    for (int j = 0; j < K; ++j) {
-        double x = v[j];
-        for (int off = 16; off > 0; off >>= 1) x += __shfl_down_sync(0xffffffffu, x, off);
-        v[j] = x;
-    }
-    __syncthreads();  // smem may still be read from a previous reduction
-    if (lane == 0) {
+    for (int off = 16; off > 0; off >>= 1) {
 #pragma unroll
-        for (int j = 0; j < K; ++j) smem[warp * K + j] = v[j];
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < nwarps; ++w) {
-#pragma unroll
-            for (int j = 0; j < K; ++j) v[j] += smem[w * K + j];
-        }
+        for (int j = 0; j < K; ++j) v[j] += __shfl_xor_sync(0xffffffffu, v[j], off);
     }
 }
 
-//   x: (n_frames, n, 3) mobile frames; yc: (n, 3) reference, centred with the same weights;
-//   w: (n,) weights or NULL (all 1); inv_w = 1 / sum w
-//   out: (n_frames, 13) float64 = M (9, row-major S_ab), G_A, centroid (3)
-// blockDim.x must be a multiple of 32, at most MOMENT_THREADS.
+__device__ __forceinline__ i64 warp_global_id() { return ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; }
+__device__ __forceinline__ i64 warp_count() { return ((i64)gridDim.x * blockDim.x) >> 5; }
+
+// ----------------------------------------------------------------------------------------------------
+// RMSD / superposition against one reference: frame_moments_* -> qcp_frames -> frame_direct_*.
+//
+// Shared arguments:
+//   x:       (n_frames, n_atoms, 3) frames, float32 or float64 (read once, in their dtype)
+//   idx:     (n,) int32 fitted atoms of each frame, or NULL for all (then n == n_atoms)
+//   ref:     (4, n) float64, struct of arrays: the reference centred with the fit weights (x, y, z rows,
+//            lined up with idx) and the weights (row 3; read only when weighted != 0)
+//   moments: (n_frames, 13) float64 = M (9, row-major M_ab = sum w (x_a - c_a) yc_b), G_A, centroid (3)
+
+// One pass over each frame: with s the frame's first fitted atom (any point near the frame would do; it
+// keeps sum w |x - s|^2 from cancelling far from the origin) and d = x - s,
+//   S = sum w d,  P = sum w d yc^T,  Q = sum w |d|^2   (float64, whatever the input dtype)
+// then c - s = S / W, M = P - (c - s) (sum w yc)^T (the reference is centred, so only its rounding
+// residual wyc = sum w yc is left) and G_A = Q - W |c - s|^2. No centroid pass: the frame is read once.
+// MOMENT_UNROLL atoms per lane per step keep 3 * MOMENT_UNROLL loads per lane in flight.
+#ifndef MOMENT_UNROLL
+#define MOMENT_UNROLL 4
+#endif
+
 template <typename T>
-__device__ void frame_moments(const T* __restrict__ x, const double* __restrict__ yc, const double* __restrict__ w,
-                              double* __restrict__ out, int n_frames, int n, double inv_w) {
-    __shared__ double smem[(MOMENT_THREADS / 32) * 10];
-    __shared__ double centroid[3];
-    for (i64 f = blockIdx.x; f < n_frames; f += gridDim.x) {
-        const T* xf = x + f * (i64)n * 3;
-        // Pass 1: weighted centroid.
-        double c[3] = {0.0, 0.0, 0.0};
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            const double wi = w ? w[i] : 1.0;
-            c[0] += wi * (double)xf[3 * i];
-            c[1] += wi * (double)xf[3 * i + 1];
-            c[2] += wi * (double)xf[3 * i + 2];
-        }
-        block_sum<3>(c, smem);
-        if (threadIdx.x == 0) {
-            centroid[0] = c[0] * inv_w;
-            centroid[1] = c[1] * inv_w;
-            centroid[2] = c[2] * inv_w;
-        }
-        __syncthreads();
-        const double cx = centroid[0], cy = centroid[1], cz = centroid[2];
-        // Pass 2: moments of the centred coordinates (centring first keeps G_A exact to float64
-        // rounding; raw sums minus W c c^T would cancel far from the origin).
-        double m[10];
+__device__ void frame_moments(const T* __restrict__ x, const int* __restrict__ idx, const double* __restrict__ ref,
+                              double* __restrict__ out, i64 n_frames, int n_atoms, int n, int weighted,
+                              double inv_w, double wyc0, double wyc1, double wyc2) {
+    const int lane = threadIdx.x & 31;
+    const double* __restrict__ rx = ref;
+    const double* __restrict__ ry = ref + n;
+    const double* __restrict__ rz = ref + 2 * (i64)n;
+    const double* __restrict__ rw = ref + 3 * (i64)n;
+    for (i64 f = warp_global_id(); f < n_frames; f += warp_count()) {
+        const T* __restrict__ xf = x + f * 3 * (i64)n_atoms;
+        const i64 a0 = idx ? (i64)idx[0] : 0;
+        const double s0 = (double)xf[3 * a0], s1 = (double)xf[3 * a0 + 1], s2 = (double)xf[3 * a0 + 2];
+        // acc: S (3), P (9, row-major), Q
+        double acc[13];
 #pragma unroll
-        for (int j = 0; j < 10; ++j) m[j] = 0.0;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            const double wi = w ? w[i] : 1.0;
-            const double ax = (double)xf[3 * i] - cx, ay = (double)xf[3 * i + 1] - cy, az = (double)xf[3 * i + 2] - cz;
-            const double bx = yc[3 * i], by = yc[3 * i + 1], bz = yc[3 * i + 2];
-            const double wx = wi * ax, wy = wi * ay, wz = wi * az;
-            m[0] += wx * bx; m[1] += wx * by; m[2] += wx * bz;
-            m[3] += wy * bx; m[4] += wy * by; m[5] += wy * bz;
-            m[6] += wz * bx; m[7] += wz * by; m[8] += wz * bz;
-            m[9] += wx * ax + wy * ay + wz * az;
+        for (int j = 0; j < 13; ++j) acc[j] = 0.0;
+        for (int base = 0; base < n; base += 32 * MOMENT_UNROLL) {
+            T vx[MOMENT_UNROLL], vy[MOMENT_UNROLL], vz[MOMENT_UNROLL];
+            // The frame's loads first (3 * MOMENT_UNROLL independent loads per lane in flight from DRAM),
+            // then the arithmetic, which reads the reference (small, from L1/L2) as it goes.
+#pragma unroll
+            for (int u = 0; u < MOMENT_UNROLL; ++u) {
+                const int i = base + u * 32 + lane;
+                if (i < n) {
+                    const i64 a = idx ? (i64)idx[i] : (i64)i;
+                    vx[u] = xf[3 * a];
+                    vy[u] = xf[3 * a + 1];
+                    vz[u] = xf[3 * a + 2];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < MOMENT_UNROLL; ++u) {
+                const int i = base + u * 32 + lane;
+                if (i < n) {
+                    const double dx = (double)vx[u] - s0, dy = (double)vy[u] - s1, dz = (double)vz[u] - s2;
+                    const double bw = weighted ? rw[i] : 1.0;
+                    const double bx = rx[i], by = ry[i], bz = rz[i];
+                    const double wx = bw * dx, wy = bw * dy, wz = bw * dz;
+                    acc[0] += wx;
+                    acc[1] += wy;
+                    acc[2] += wz;
+                    acc[3] = fma(wx, bx, acc[3]);
+                    acc[4] = fma(wx, by, acc[4]);
+                    acc[5] = fma(wx, bz, acc[5]);
+                    acc[6] = fma(wy, bx, acc[6]);
+                    acc[7] = fma(wy, by, acc[7]);
+                    acc[8] = fma(wy, bz, acc[8]);
+                    acc[9] = fma(wz, bx, acc[9]);
+                    acc[10] = fma(wz, by, acc[10]);
+                    acc[11] = fma(wz, bz, acc[11]);
+                    acc[12] = fma(wx, dx, fma(wy, dy, fma(wz, dz, acc[12])));
+                }
+            }
         }
-        block_sum<10>(m, smem);
-        if (threadIdx.x == 0) {
+        warp_sum<13>(acc);
+        if (lane == 0) {
+            const double c0 = acc[0] * inv_w, c1 = acc[1] * inv_w, c2 = acc[2] * inv_w;  // centroid - s
             double* o = out + f * 13;
-#pragma unroll
-            for (int j = 0; j < 10; ++j) o[j] = m[j];
-            o[10] = cx;
-            o[11] = cy;
-            o[12] = cz;
+            o[0] = acc[3] - c0 * wyc0;
+            o[1] = acc[4] - c0 * wyc1;
+            o[2] = acc[5] - c0 * wyc2;
+            o[3] = acc[6] - c1 * wyc0;
+            o[4] = acc[7] - c1 * wyc1;
+            o[5] = acc[8] - c1 * wyc2;
+            o[6] = acc[9] - c2 * wyc0;
+            o[7] = acc[10] - c2 * wyc1;
+            o[8] = acc[11] - c2 * wyc2;
+            const double ga = acc[12] - (c0 * c0 + c1 * c1 + c2 * c2) / inv_w;
+            o[9] = (ga > 0.0 || isnan(ga)) ? ga : 0.0;  // as numpy.maximum(ga, 0): NaN stays NaN
+            o[10] = c0 + s0;
+            o[11] = c1 + s1;
+            o[12] = c2 + s2;
         }
-        __syncthreads();  // centroid[] is rewritten by the next frame
     }
 }
 
-extern "C" __global__ void frame_moments_f32(const float* x, const double* yc, const double* w, double* out, int n_frames, int n, double inv_w) {
-    frame_moments<float>(x, yc, w, out, n_frames, n, inv_w);
+extern "C" __global__ void frame_moments_f32(const float* x, const int* idx, const double* ref, double* out, long long n_frames, int n_atoms, int n, int weighted, double inv_w, double wyc0, double wyc1, double wyc2) {
+    frame_moments<float>(x, idx, ref, out, n_frames, n_atoms, n, weighted, inv_w, wyc0, wyc1, wyc2);
 }
 
-extern "C" __global__ void frame_moments_f64(const double* x, const double* yc, const double* w, double* out, int n_frames, int n, double inv_w) {
-    frame_moments<double>(x, yc, w, out, n_frames, n, inv_w);
+extern "C" __global__ void frame_moments_f64(const double* x, const int* idx, const double* ref, double* out, long long n_frames, int n_atoms, int n, int weighted, double inv_w, double wyc0, double wyc1, double wyc2) {
+    frame_moments<double>(x, idx, ref, out, n_frames, n_atoms, n, weighted, inv_w, wyc0, wyc1, wyc2);
 }
 
-// QCP per frame with the rotation:
-//   moments: (n_frames, 13) from frame_moments; gb = G_B of the reference
-//   rmsd: (n_frames,); rot: (n_frames, 9) row-major rotation (or NULL): reference ~ rot @ mobile
+// QCP per frame with the rotation and the translation:
+//   moments: (n_frames, 13) from frame_moments; gb = G_B of the reference; cy: the reference's centroid
+//   rmsd: (n_frames,); rot: (n_frames, 9) row-major rotation (reference ~ rot @ mobile + trans);
+//   trans: (n_frames, 3) = cy - rot @ centroid, or NULL
 // The RMSD is that of the returned rotation (Rayleigh quotient of its quaternion).
-extern "C" __global__ void qcp_frames(const double* moments, double* rmsd, double* rot, int n_frames, double gb, double inv_w) {
+extern "C" __global__ void qcp_frames(const double* moments, double* rmsd, double* rot, double* trans, long long n_frames, double gb, double inv_w, double cy0, double cy1, double cy2) {
     PG_GRID_STRIDE_LOOP(f, n_frames) {
         const double* mo = moments + f * 13;
         double s[9];
@@ -361,90 +394,293 @@ extern "C" __global__ void qcp_frames(const double* moments, double* rmsd, doubl
         double q[4];
         qcp_quaternion(k, lam, hi, q);
         rmsd[f] = qcp_rmsd_from(ga, gb, qcp_rayleigh(k, q), inv_w);
-        if (rot) {
-            const double qw = q[0], qx = q[1], qy = q[2], qz = q[3];
-            double* r = rot + f * 9;
-            r[0] = qw * qw + qx * qx - qy * qy - qz * qz;
-            r[1] = 2.0 * (qx * qy - qw * qz);
-            r[2] = 2.0 * (qx * qz + qw * qy);
-            r[3] = 2.0 * (qx * qy + qw * qz);
-            r[4] = qw * qw - qx * qx + qy * qy - qz * qz;
-            r[5] = 2.0 * (qy * qz - qw * qx);
-            r[6] = 2.0 * (qx * qz - qw * qy);
-            r[7] = 2.0 * (qy * qz + qw * qx);
-            r[8] = qw * qw - qx * qx - qy * qy + qz * qz;
+        const double qw = q[0], qx = q[1], qy = q[2], qz = q[3];
+        double r[9];
+        r[0] = qw * qw + qx * qx - qy * qy - qz * qz;
+        r[1] = 2.0 * (qx * qy - qw * qz);
+        r[2] = 2.0 * (qx * qz + qw * qy);
+        r[3] = 2.0 * (qx * qy + qw * qz);
+        r[4] = qw * qw - qx * qx + qy * qy - qz * qz;
+        r[5] = 2.0 * (qy * qz - qw * qx);
+        r[6] = 2.0 * (qx * qz - qw * qy);
+        r[7] = 2.0 * (qy * qz + qw * qx);
+        r[8] = qw * qw - qx * qx - qy * qy + qz * qz;
+        double* ro = rot + f * 9;
+#pragma unroll
+        for (int j = 0; j < 9; ++j) ro[j] = r[j];
+        if (trans) {
+            const double cx = mo[10], cy = mo[11], cz = mo[12];
+            trans[3 * f] = cy0 - (r[0] * cx + r[1] * cy + r[2] * cz);
+            trans[3 * f + 1] = cy1 - (r[3] * cx + r[4] * cy + r[5] * cz);
+            trans[3 * f + 2] = cy2 - (r[6] * cx + r[7] * cy + r[8] * cz);
         }
     }
 }
 
-// ----------------------------------------------------------------------------------------------------
-// All-vs-all tiles.
-//   blocks: the tile's (3 ti, 3 tj) product of stacked centred frames; element (r, c) at
-//           blocks[r * rs + c * cs] (row- or column-major cuBLAS output, no copy)
-//   ga, gb: G of every frame of x and y (global arrays, indexed by row0 + a and col0 + b)
-//   out:    dense: element (out_row0 + a, out_col0 + b) at out[(out_row0 + a) * out_ld + out_col0 + b];
-//           condensed (PAIR_CONDENSED): pair (i, j), i < j, of n_total frames at i n - i(i+1)/2 + j-i-1
-//   mode:   PAIR_* flags
-template <typename T, typename O>
-__device__ void qcp_pairs(const T* __restrict__ blocks, const double* __restrict__ ga, const double* __restrict__ gb,
-                          O* __restrict__ out, int ti, int tj, i64 rs, i64 cs, i64 row0, i64 col0, i64 out_ld,
-                          i64 out_row0, i64 out_col0, i64 n_total, double inv_w, int mode) {
-    PG_GRID_STRIDE_LOOP(idx, (i64)ti * tj) {
-        const i64 a = idx / tj;
-        const i64 b = idx - a * tj;
-        const i64 gi = row0 + a, gj = col0 + b;
-        if ((mode & (PAIR_UPPER_ONLY | PAIR_CONDENSED)) && gi > gj) continue;
-        if ((mode & PAIR_CONDENSED) && gi == gj) continue;
-        double v;
-        if ((mode & PAIR_ZERO_DIAG) && gi == gj) {
-            v = 0.0;
-        } else {
-            double s[9];
-#pragma unroll
-            for (int p = 0; p < 3; ++p)
-#pragma unroll
-                for (int q = 0; q < 3; ++q) s[3 * p + q] = (double)blocks[(3 * a + p) * rs + (3 * b + q) * cs];
-            const double gai = ga[gi], gbj = gb[gj];
-            QcpKey k;
-            double c2, c1, c0;
-            qcp_coefficients(s, k, c2, c1, c0);
-            const double lam0 = 0.5 * (gai + gbj);
-            const double hi = qcp_start(c2, lam0);
-            int iters;
-            double lam = qcp_newton(c2, c1, c0, lam0, hi, iters);
-            const double dp = (4.0 * lam * lam + 2.0 * c2) * lam + c1;
-            const double thr = QCP_ADJ_TINY * hi * hi * hi;
-            if (iters > QCP_SLOW_ITERS || (!(fabs(dp) > thr) && hi > 0.0)) {
-                // Near-repeated root: Newton converged slowly, or stopped where the polynomial is
-                // flat (rounding noise moves lam by ~eps scale^2 / gap there). The quaternion path
-                // (adjugate, or Jacobi) and its Rayleigh quotient are accurate.
-                double qv[4];
-                qcp_quaternion(k, lam, hi, qv);
-                lam = qcp_rayleigh(k, qv);
-            }
-            v = qcp_rmsd_from(gai, gbj, lam, inv_w);
+// Near-identical frames: where rmsd^2 <= tau (G_A + G_B) / W the QCP formula has cancelled away most of
+// its digits; measure sqrt(sum w |R (x - c) - yc|^2 / W) on the coordinates instead (float64). Every other
+// frame's warp leaves after reading two numbers, so the pass costs next to nothing when (as usual) no
+// frame qualifies, and it needs no host synchronisation to find out.
+template <typename T>
+__device__ void frame_direct(const T* __restrict__ x, const int* __restrict__ idx, const double* __restrict__ ref,
+                             const double* __restrict__ moments, const double* __restrict__ rot,
+                             double* __restrict__ rmsd, i64 n_frames, int n_atoms, int n, int weighted, double gb,
+                             double inv_w, double tau) {
+    const int lane = threadIdx.x & 31;
+    const double* __restrict__ rx = ref;
+    const double* __restrict__ ry = ref + n;
+    const double* __restrict__ rz = ref + 2 * (i64)n;
+    const double* __restrict__ rw = ref + 3 * (i64)n;
+    for (i64 f = warp_global_id(); f < n_frames; f += warp_count()) {
+        const double r0 = rmsd[f];
+        const double* mo = moments + f * 13;
+        if (!(r0 * r0 <= tau * (mo[9] + gb) * inv_w)) continue;  // the whole warp: same f
+        const double c0 = mo[10], c1 = mo[11], c2 = mo[12];
+        const double* R = rot + f * 9;
+        const double r00 = R[0], r01 = R[1], r02 = R[2], r10 = R[3], r11 = R[4], r12 = R[5], r20 = R[6],
+                     r21 = R[7], r22 = R[8];
+        const T* __restrict__ xf = x + f * 3 * (i64)n_atoms;
+        double acc[1] = {0.0};
+        for (int i = lane; i < n; i += 32) {
+            const i64 a = idx ? (i64)idx[i] : (i64)i;
+            const double dx = (double)xf[3 * a] - c0, dy = (double)xf[3 * a + 1] - c1, dz = (double)xf[3 * a + 2] - c2;
+            const double ex = r00 * dx + r01 * dy + r02 * dz - rx[i];
+            const double ey = r10 * dx + r11 * dy + r12 * dz - ry[i];
+            const double ez = r20 * dx + r21 * dy + r22 * dz - rz[i];
+            const double sq = ex * ex + ey * ey + ez * ez;
+            acc[0] += weighted ? rw[i] * sq : sq;
         }
+        warp_sum<1>(acc);
+        if (lane == 0) rmsd[f] = sqrt(acc[0] * inv_w);
+    }
+}
+
+extern "C" __global__ void frame_direct_f32(const float* x, const int* idx, const double* ref, const double* moments, const double* rot, double* rmsd, long long n_frames, int n_atoms, int n, int weighted, double gb, double inv_w, double tau) {
+    frame_direct<float>(x, idx, ref, moments, rot, rmsd, n_frames, n_atoms, n, weighted, gb, inv_w, tau);
+}
+
+extern "C" __global__ void frame_direct_f64(const double* x, const int* idx, const double* ref, const double* moments, const double* rot, double* rmsd, long long n_frames, int n_atoms, int n, int weighted, double gb, double inv_w, double tau) {
+    frame_direct<double>(x, idx, ref, moments, rot, rmsd, n_frames, n_atoms, n, weighted, gb, inv_w, tau);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// All-vs-all: centre_frames_* stacks the centred frames for the GEMM, qcp_pairs_* turns the GEMM's 3x3
+// blocks into RMSDs.
+
+// One warp per frame: the (weighted) centroid c in float64 (first pass), then the rows
+//   a[3 f + k, i] = sqrt(w_i) (x_ik - c_k)  in the GEMM's precision B  and  g[f] = sum w |x - c|^2 (float64)
+// (second pass; the frame is still in L1/L2). The twin is superpose._centre_frames_numpy.
+//   x: (n_frames, n_atoms, 3); idx: (n,) int32 fitted atoms or NULL; w, sw: (n,) weights and their square
+//   roots, or NULL (unweighted); a: (3 n_frames, n); g: (n_frames,)
+template <typename T, typename B>
+__device__ void centre_frames(const T* __restrict__ x, const int* __restrict__ idx, const double* __restrict__ w,
+                              const double* __restrict__ sw, B* __restrict__ a, double* __restrict__ g, i64 n_frames,
+                              int n_atoms, int n, double inv_w) {
+    const int lane = threadIdx.x & 31;
+    for (i64 f = warp_global_id(); f < n_frames; f += warp_count()) {
+        const T* __restrict__ xf = x + f * 3 * (i64)n_atoms;
+        double c[3] = {0.0, 0.0, 0.0};
+        for (int i = lane; i < n; i += 32) {
+            const i64 at = idx ? (i64)idx[i] : (i64)i;
+            const double wi = w ? w[i] : 1.0;
+            c[0] += wi * (double)xf[3 * at];
+            c[1] += wi * (double)xf[3 * at + 1];
+            c[2] += wi * (double)xf[3 * at + 2];
+        }
+        warp_sum<3>(c);
+        const double c0 = c[0] * inv_w, c1 = c[1] * inv_w, c2 = c[2] * inv_w;
+        B* __restrict__ ax = a + 3 * f * (i64)n;
+        B* __restrict__ ay = ax + n;
+        B* __restrict__ az = ay + n;
+        double gs[1] = {0.0};
+        for (int i = lane; i < n; i += 32) {
+            const i64 at = idx ? (i64)idx[i] : (i64)i;
+            const double s = sw ? sw[i] : 1.0;
+            const double dx = s * ((double)xf[3 * at] - c0);
+            const double dy = s * ((double)xf[3 * at + 1] - c1);
+            const double dz = s * ((double)xf[3 * at + 2] - c2);
+            ax[i] = (B)dx;
+            ay[i] = (B)dy;
+            az[i] = (B)dz;
+            gs[0] += dx * dx + dy * dy + dz * dz;
+        }
+        warp_sum<1>(gs);
+        if (lane == 0) g[f] = gs[0];
+    }
+}
+
+extern "C" __global__ void centre_frames_f32_b32(const float* x, const int* idx, const double* w, const double* sw, float* a, double* g, long long n_frames, int n_atoms, int n, double inv_w) {
+    centre_frames<float, float>(x, idx, w, sw, a, g, n_frames, n_atoms, n, inv_w);
+}
+
+extern "C" __global__ void centre_frames_f32_b64(const float* x, const int* idx, const double* w, const double* sw, double* a, double* g, long long n_frames, int n_atoms, int n, double inv_w) {
+    centre_frames<float, double>(x, idx, w, sw, a, g, n_frames, n_atoms, n, inv_w);
+}
+
+extern "C" __global__ void centre_frames_f64_b32(const double* x, const int* idx, const double* w, const double* sw, float* a, double* g, long long n_frames, int n_atoms, int n, double inv_w) {
+    centre_frames<double, float>(x, idx, w, sw, a, g, n_frames, n_atoms, n, inv_w);
+}
+
+extern "C" __global__ void centre_frames_f64_b64(const double* x, const int* idx, const double* w, const double* sw, double* a, double* g, long long n_frames, int n_atoms, int n, double inv_w) {
+    centre_frames<double, double>(x, idx, w, sw, a, g, n_frames, n_atoms, n, inv_w);
+}
+
+// Near-repeated root of the quartic at Newton's result: Newton needed more than QCP_SLOW_ITERS steps,
+// or stopped where |P'(l)| <= QCP_ADJ_TINY hi^3 (rounding noise then moves l by ~eps hi^4 / |P'|).
+__device__ __forceinline__ bool qcp_needs_refine(double lam, double c2, double c1, double hi, int iters) {
+    const double dp = (4.0 * lam * lam + 2.0 * c2) * lam + c1;
+    const double thr = QCP_ADJ_TINY * hi * hi * hi;
+    return iters > QCP_SLOW_ITERS || (!(fabs(dp) > thr) && hi > 0.0);
+}
+
+// What qcp_pairs_* writes for a pair that qcp_refine_* must finish (an RMSD is >= 0 or NaN).
+#define PAIR_REFINE (-1.0)
+
+// The pair's RMSD the long way: l_max as the Rayleigh quotient of the quaternion (adjugate column, or
+// Jacobi), accurate at a near-repeated root.
+template <typename T>
+__device__ double qcp_pair_refined(const T* __restrict__ blk, i64 ld, double gai, double gbj, double inv_w) {
+    double s[9];
+#pragma unroll
+    for (int p = 0; p < 3; ++p)
+#pragma unroll
+        for (int q = 0; q < 3; ++q) s[3 * p + q] = (double)blk[p * ld + q];
+    QcpKey k;
+    double c2, c1, c0;
+    qcp_coefficients(s, k, c2, c1, c0);
+    const double lam0 = 0.5 * (gai + gbj);
+    const double hi = qcp_start(c2, lam0);
+    int iters;
+    const double lam = qcp_newton(c2, c1, c0, lam0, hi, iters);
+    double qv[4];
+    qcp_quaternion(k, lam, hi, qv);
+    return qcp_rmsd_from(gai, gbj, qcp_rayleigh(k, qv), inv_w);
+}
+
+// QCP for a tile of pairs. Blocks of PAIR_BX x PAIR_BY threads, one pair each: x over the tile's columns,
+// y over its rows (so a warp reads 32 neighbouring 3x3 blocks of the same block row: coalesced).
+//   blocks: the (3 ti, 3 tj) part of a row-major GEMM product of the stacked centred frames, element
+//           (r, c) at blocks[r * ld + boff + c] (boff: the tile's first column within a wider panel)
+//   ga, gb: G of every frame of x and y (global arrays, indexed by row0 + a and col0 + b)
+//   out:    dense: pair (a, b) of the tile at out[(out_row0 + a) * out_ld + out_col0 + b];
+//           condensed (PAIR_CONDENSED): pair (i, j), i < j, of n_total frames at i n - i(i+1)/2 + j-i-1
+//   mode:   PAIR_* flags. PAIR_MIRROR (symmetric runs: row0 == col0 frames of one set) also writes
+//           the pair at out[(out_col0 + b) * out_ld + out_row0 + a]; the block's results go through
+//           shared memory so that the mirrored rows are written as whole 32-byte segments rather than
+//           one scattered element per thread.
+// Blocks wholly below the diagonal under PAIR_UPPER_ONLY / PAIR_CONDENSED leave at once. Launch with
+// blockDim (PAIR_BX, PAIR_BY) and grid (ceil(tj / PAIR_BX), ceil(ti / PAIR_BY)); pairs at a near-repeated
+// root get PAIR_REFINE, which qcp_refine_* (same arguments and geometry) then replaces.
+#define PAIR_BX 32
+#ifndef PAIR_BY
+#define PAIR_BY 8
+#endif
+
+template <typename T, typename O>
+__device__ void qcp_pairs(const T* __restrict__ blocks, i64 ld, i64 boff, const double* __restrict__ ga,
+                          const double* __restrict__ gb, O* __restrict__ out, int ti, int tj, i64 row0, i64 col0,
+                          i64 out_ld, i64 out_row0, i64 out_col0, i64 n_total, double inv_w, int mode) {
+    __shared__ O tile[PAIR_BY][PAIR_BX + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const i64 a0 = (i64)blockIdx.y * PAIR_BY, b0 = (i64)blockIdx.x * PAIR_BX;
+    const bool upper = (mode & (PAIR_UPPER_ONLY | PAIR_CONDENSED)) != 0;
+    // Whole block below the diagonal (its largest column index is below its smallest row index).
+    if (upper && col0 + b0 + PAIR_BX - 1 < row0 + a0) return;
+    const i64 a = a0 + ty, b = b0 + tx;
+    const i64 gi = row0 + a, gj = col0 + b;
+    const bool inside = a < ti && b < tj;
+    const bool wanted = inside && !(upper && gi > gj) && !((mode & PAIR_CONDENSED) && gi == gj);
+    double v = 0.0;
+    if (wanted && !((mode & PAIR_ZERO_DIAG) && gi == gj)) {
+        double s[9];
+        const T* __restrict__ blk = blocks + 3 * a * ld + boff + 3 * b;
+#pragma unroll
+        for (int p = 0; p < 3; ++p)
+#pragma unroll
+            for (int q = 0; q < 3; ++q) s[3 * p + q] = (double)blk[p * ld + q];
+        const double gai = ga[gi], gbj = gb[gj];
+        QcpKey k;
+        double c2, c1, c0;
+        qcp_coefficients(s, k, c2, c1, c0);
+        const double lam0 = 0.5 * (gai + gbj);
+        const double hi = qcp_start(c2, lam0);
+        int iters;
+        const double lam = qcp_newton(c2, c1, c0, lam0, hi, iters);
+        // Near-repeated root (Newton slow, or stopped where the polynomial is flat): leave the sentinel
+        // PAIR_REFINE for qcp_refine_*, which keeps the quaternion path (and its registers) out of this
+        // kernel; real conformations almost never get here.
+        v = qcp_needs_refine(lam, c2, c1, hi, iters) ? PAIR_REFINE : qcp_rmsd_from(gai, gbj, lam, inv_w);
+    }
+    if (wanted) {
         if (mode & PAIR_CONDENSED) {
             out[gi * n_total - gi * (gi + 1) / 2 + (gj - gi - 1)] = (O)v;
         } else {
             out[(out_row0 + a) * out_ld + out_col0 + b] = (O)v;
-            if ((mode & PAIR_MIRROR) && gi != gj) out[(out_col0 + b) * out_ld + out_row0 + a] = (O)v;
         }
+    }
+    if ((mode & PAIR_MIRROR) && !(mode & PAIR_CONDENSED)) {
+        tile[ty][tx] = (O)v;
+        __syncthreads();
+        // Thread t writes mirrored element (column b0 + t / PAIR_BY, row a0 + t % PAIR_BY): PAIR_BY
+        // consecutive values of one output row per group of threads.
+        const int t = ty * PAIR_BX + tx;
+        const int mb = t / PAIR_BY, ma = t % PAIR_BY;
+        const i64 ra = a0 + ma, rb = b0 + mb;
+        const i64 ri = row0 + ra, rj = col0 + rb;
+        const bool ok = ra < ti && rb < tj && !(upper && ri > rj) && ri != rj;
+        if (ok) out[(out_col0 + rb) * out_ld + out_row0 + ra] = tile[ma][mb];
     }
 }
 
-extern "C" __global__ void qcp_pairs_b32_o32(const float* blocks, const double* ga, const double* gb, float* out, int ti, int tj, long long rs, long long cs, long long row0, long long col0, long long out_ld, long long out_row0, long long out_col0, long long n_total, double inv_w, int mode) {
-    qcp_pairs<float, float>(blocks, ga, gb, out, ti, tj, rs, cs, row0, col0, out_ld, out_row0, out_col0, n_total, inv_w, mode);
+extern "C" __global__ void qcp_pairs_b32_o32(const float* blocks, long long ld, long long boff, const double* ga, const double* gb, float* out, int ti, int tj, long long row0, long long col0, long long out_ld, long long out_row0, long long out_col0, long long n_total, double inv_w, int mode) {
+    qcp_pairs<float, float>(blocks, ld, boff, ga, gb, out, ti, tj, row0, col0, out_ld, out_row0, out_col0, n_total, inv_w, mode);
 }
 
-extern "C" __global__ void qcp_pairs_b32_o64(const float* blocks, const double* ga, const double* gb, double* out, int ti, int tj, long long rs, long long cs, long long row0, long long col0, long long out_ld, long long out_row0, long long out_col0, long long n_total, double inv_w, int mode) {
-    qcp_pairs<float, double>(blocks, ga, gb, out, ti, tj, rs, cs, row0, col0, out_ld, out_row0, out_col0, n_total, inv_w, mode);
+extern "C" __global__ void qcp_pairs_b32_o64(const float* blocks, long long ld, long long boff, const double* ga, const double* gb, double* out, int ti, int tj, long long row0, long long col0, long long out_ld, long long out_row0, long long out_col0, long long n_total, double inv_w, int mode) {
+    qcp_pairs<float, double>(blocks, ld, boff, ga, gb, out, ti, tj, row0, col0, out_ld, out_row0, out_col0, n_total, inv_w, mode);
 }
 
-extern "C" __global__ void qcp_pairs_b64_o32(const double* blocks, const double* ga, const double* gb, float* out, int ti, int tj, long long rs, long long cs, long long row0, long long col0, long long out_ld, long long out_row0, long long out_col0, long long n_total, double inv_w, int mode) {
-    qcp_pairs<double, float>(blocks, ga, gb, out, ti, tj, rs, cs, row0, col0, out_ld, out_row0, out_col0, n_total, inv_w, mode);
+extern "C" __global__ void qcp_pairs_b64_o32(const double* blocks, long long ld, long long boff, const double* ga, const double* gb, float* out, int ti, int tj, long long row0, long long col0, long long out_ld, long long out_row0, long long out_col0, long long n_total, double inv_w, int mode) {
+    qcp_pairs<double, float>(blocks, ld, boff, ga, gb, out, ti, tj, row0, col0, out_ld, out_row0, out_col0, n_total, inv_w, mode);
 }
 
-extern "C" __global__ void qcp_pairs_b64_o64(const double* blocks, const double* ga, const double* gb, double* out, int ti, int tj, long long rs, long long cs, long long row0, long long col0, long long out_ld, long long out_row0, long long out_col0, long long n_total, double inv_w, int mode) {
-    qcp_pairs<double, double>(blocks, ga, gb, out, ti, tj, rs, cs, row0, col0, out_ld, out_row0, out_col0, n_total, inv_w, mode);
+extern "C" __global__ void qcp_pairs_b64_o64(const double* blocks, long long ld, long long boff, const double* ga, const double* gb, double* out, int ti, int tj, long long row0, long long col0, long long out_ld, long long out_row0, long long out_col0, long long n_total, double inv_w, int mode) {
+    qcp_pairs<double, double>(blocks, ld, boff, ga, gb, out, ti, tj, row0, col0, out_ld, out_row0, out_col0, n_total, inv_w, mode);
+}
+
+// Second pass over a tile qcp_pairs_* has written (same arguments and launch geometry): the pairs holding
+// PAIR_REFINE get the quaternion path's RMSD (and its mirror). Costs one coalesced read of the tile.
+template <typename T, typename O>
+__device__ void qcp_refine(const T* __restrict__ blocks, i64 ld, i64 boff, const double* __restrict__ ga,
+                           const double* __restrict__ gb, O* __restrict__ out, int ti, int tj, i64 row0, i64 col0,
+                           i64 out_ld, i64 out_row0, i64 out_col0, i64 n_total, double inv_w, int mode) {
+    const i64 a0 = (i64)blockIdx.y * PAIR_BY, b0 = (i64)blockIdx.x * PAIR_BX;
+    const bool upper = (mode & (PAIR_UPPER_ONLY | PAIR_CONDENSED)) != 0;
+    if (upper && col0 + b0 + PAIR_BX - 1 < row0 + a0) return;
+    const i64 a = a0 + threadIdx.y, b = b0 + threadIdx.x;
+    const i64 gi = row0 + a, gj = col0 + b;
+    if (!(a < ti && b < tj) || (upper && gi > gj)) return;
+    if ((mode & (PAIR_ZERO_DIAG | PAIR_CONDENSED)) && gi == gj) return;  // a frame against itself: 0 / absent
+    O* dst = (mode & PAIR_CONDENSED) ? out + (gi * n_total - gi * (gi + 1) / 2 + (gj - gi - 1))
+                                     : out + (out_row0 + a) * out_ld + out_col0 + b;
+    if (!((double)*dst == PAIR_REFINE)) return;
+    const double v = qcp_pair_refined(blocks + 3 * a * ld + boff + 3 * b, ld, ga[gi], gb[gj], inv_w);
+    *dst = (O)v;
+    if ((mode & PAIR_MIRROR) && !(mode & PAIR_CONDENSED)) out[(out_col0 + b) * out_ld + out_row0 + a] = (O)v;
+}
+
+extern "C" __global__ void qcp_refine_b32_o32(const float* blocks, long long ld, long long boff, const double* ga, const double* gb, float* out, int ti, int tj, long long row0, long long col0, long long out_ld, long long out_row0, long long out_col0, long long n_total, double inv_w, int mode) {
+    qcp_refine<float, float>(blocks, ld, boff, ga, gb, out, ti, tj, row0, col0, out_ld, out_row0, out_col0, n_total, inv_w, mode);
+}
+
+extern "C" __global__ void qcp_refine_b32_o64(const float* blocks, long long ld, long long boff, const double* ga, const double* gb, double* out, int ti, int tj, long long row0, long long col0, long long out_ld, long long out_row0, long long out_col0, long long n_total, double inv_w, int mode) {
+    qcp_refine<float, double>(blocks, ld, boff, ga, gb, out, ti, tj, row0, col0, out_ld, out_row0, out_col0, n_total, inv_w, mode);
+}
+
+extern "C" __global__ void qcp_refine_b64_o32(const double* blocks, long long ld, long long boff, const double* ga, const double* gb, float* out, int ti, int tj, long long row0, long long col0, long long out_ld, long long out_row0, long long out_col0, long long n_total, double inv_w, int mode) {
+    qcp_refine<double, float>(blocks, ld, boff, ga, gb, out, ti, tj, row0, col0, out_ld, out_row0, out_col0, n_total, inv_w, mode);
+}
+
+extern "C" __global__ void qcp_refine_b64_o64(const double* blocks, long long ld, long long boff, const double* ga, const double* gb, double* out, int ti, int tj, long long row0, long long col0, long long out_ld, long long out_row0, long long out_col0, long long n_total, double inv_w, int mode) {
+    qcp_refine<double, double>(blocks, ld, boff, ga, gb, out, ti, tj, row0, col0, out_ld, out_row0, out_col0, n_total, inv_w, mode);
 }

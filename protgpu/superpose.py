@@ -5,6 +5,18 @@ Three layers, as everywhere in protgpu: the public functions :func:`rmsd`, :func
 :func:`_rmsd_numpy` and :func:`_pairwise_numpy` (the specification, and the CPU path); and the CUDA
 path (``kernels/qcp.cu`` plus cuBLAS through :func:`protgpu._cuda.blas.matmul`).
 
+GPU data flow. To one reference: ``frame_moments_*`` reads each frame once (one warp per frame; no
+centring copy, no float64 copy, fitted atoms gathered by index) and leaves ``M``, ``G_A`` and the
+centroid (13 float64 per frame), ``qcp_frames`` makes the RMSD, rotation and translation, and
+``frame_direct_*`` re-measures near-identical frames; three launches, no host synchronisation.
+All-vs-all: ``centre_frames_*`` writes the stacked centred frames (3F, N) and G in one pass; a
+symmetric result is made in row strips of ~F/6 frames, each strip's GEMM against its own and every
+later frame only (~58% of the full square's flops, each GEMM still large), ``qcp_pairs_*`` writing each
+pair and its mirror (through shared memory, so the mirrored rows are whole segments) and leaving the
+rare near-repeated roots to ``qcp_refine_*`` (which keeps the quaternion path, and its registers, out of
+the main kernel: 48 registers instead of 120). :func:`_pairwise_tiles_cuda` yields square device tiles
+of the same computation for callers that fold tiles into their own state.
+
 The method is Theobald's quaternion characteristic polynomial (QCP; Theobald 2005, Liu, Agrafiotis and
 Theobald 2010), as ``SCORING.md`` defines it:
 
@@ -20,10 +32,13 @@ Theobald 2010), as ``SCORING.md`` defines it:
 
 Accuracy decisions (all shared, constant for constant, by the NumPy twin and the kernel):
 
-* ``G`` and ``M`` are accumulated in float64 from centred coordinates, whatever the input dtype, so
-  that ``G_A + G_B - 2 l_max`` (which cancels to ~0 for near-identical structures) loses only float64
-  rounding: ~3e-7 Angstrom after the square root at worst (MDTraj's float32 gives ~4e-3), and ~1e-14
-  for :func:`rmsd` / :func:`superpose`, which re-measure such frames (below).
+* ``G`` and ``M`` are accumulated in float64 whatever the input dtype, so that ``G_A + G_B - 2 l_max``
+  (which cancels to ~0 for near-identical structures) loses only float64 rounding: ~3e-7 Angstrom after
+  the square root at worst (MDTraj's float32 gives ~4e-3), and ~1e-14 for :func:`rmsd` /
+  :func:`superpose`, which re-measure such frames (below). Against one (centred) reference the frames
+  are not centred first: with ``s`` the frame's first fitted atom, ``M = sum w (x - s) yc^T - (c - s)
+  (sum w yc)^T`` and ``G_A = sum w |x - s|^2 - W |c - s|^2`` come from one pass (the shift keeps the
+  subtraction within a few bits of float64 wherever the frame lies); all-vs-all frames are centred.
 * Newton's iteration starts from ``hi = min((G_A + G_B) / 2, sqrt(3) |M|_F)`` (both upper bounds of
   ``l_max``; the second saves ~8 steps for dissimilar structures), only ever moves down, and stops at
   the first step that is not larger than ``1e-14 (G_A + G_B) / 2``. It takes no step where
@@ -91,6 +106,7 @@ _MIRROR, _ZERO_DIAG, _UPPER_ONLY, _CONDENSED = 1, 2, 4, 8
 # Host-side working set of one CPU tile or frame chunk (the QCP temporaries are ~30 float64 per pair).
 _CPU_CHUNK_BYTES = 96 << 20
 _CPU_TILE = 512
+_QCP_CHUNK_PAIRS = 8192  # pairs per vectorised QCP call on the CPU (cache-sized temporaries)
 _CACHE_CHUNK_BYTES = 8 << 20
 
 
@@ -591,43 +607,49 @@ def _centre_reference(y, w):
 
 
 class _MomentOperands(NamedTuple):
-    wyc: np.ndarray  # (N, 3) float64: weighted centred reference
-    wv: np.ndarray  # (N,) float64 weights (ones when unweighted)
-    mean: np.ndarray  # (N,) in the input dtype: 1 / N, the unweighted-mean vector
+    wmat: np.ndarray  # (3N, 12) float64: W[3n + a, 3a + b] = w_n yc_nb (-> P), W[3n + a, 9 + a] = w_n (-> S)
+    w3: np.ndarray | None  # (3N,) float64 weights repeated per coordinate, None when unweighted
     wyc_sum: np.ndarray  # (3,) sum w yc (0 up to rounding)
-    weighted: bool
     inv_w: float
 
 
-def _moment_operands(yc, w, inv_w, dtype) -> _MomentOperands:
-    """The fixed right-hand sides of :func:`_moments_numpy` for one reference."""
+def _moment_operands(yc, w, inv_w) -> _MomentOperands:
+    """The fixed right-hand sides of :func:`_moments_numpy` for one centred reference ``yc`` (N, 3)."""
     n = len(yc)
-    wv = np.ones(n) if w is None else w
+    wv = np.ones(n) if w is None else np.asarray(w, dtype=np.float64)
     wyc = yc * wv[:, None]
-    return _MomentOperands(wyc, wv, np.full(n, 1.0 / n, dtype=dtype), wyc.sum(axis=0), w is not None, inv_w)
+    wmat = np.zeros((n, 3, 12))
+    for a in range(3):
+        wmat[:, a, 3 * a:3 * a + 3] = wyc
+        wmat[:, a, 9 + a] = wv
+    w3 = None if w is None else np.repeat(wv, 3)
+    return _MomentOperands(wmat.reshape(3 * n, 12), w3, wyc.sum(axis=0), inv_w)
 
 
 def _moments_numpy(x, ops: _MomentOperands):
-    """Per-frame centroid ``cx`` (F, 3), ``G_A`` (F,) and ``M = sum w (x - cx) yc^T`` (F, 3, 3), all
-    float64, for frames ``x`` (F, N, 3) of any float dtype.
+    """Per-frame centroid ``c`` (F, 3), ``G_A`` (F,) and ``M = sum w (x - c) yc^T`` (F, 3, 3), all
+    float64, for frames ``x`` (F, N, 3) of any float dtype, in one pass over the frames (the kernel
+    ``frame_moments_*`` computes the same sums).
 
-    Per frame, ``M`` and the centroid sums are (3, N) x (N, 3) and (3, N) x (N,) products (batched
-    matmul on transposed views: no copy, and no BLAS threading overhead on skinny products). The
-    float64 conversion subtracts each frame's unweighted mean (it only has to be near the centroid),
-    so that ``G_A = sum w |x - shift|^2 - W |cx - shift|^2`` does not cancel wherever the frame lies.
+    With ``s`` the frame's first atom and ``d = x - s``: ``S = sum w d``, ``P = sum w d yc^T`` (both from
+    one GEMM of the flattened frames with :attr:`_MomentOperands.wmat`) and ``Q = sum w |d|^2``; then
+    ``c - s = S / W``, ``M = P - (c - s) (sum w yc)^T`` (the reference is centred: only its rounding
+    residual is left) and ``G_A = Q - W |c - s|^2``. The shift by an atom of the frame keeps ``Q`` and
+    ``W |c - s|^2`` of the size of the frame's spread, wherever it lies, so the subtraction loses no
+    more than a few bits; the frame needs no separate centroid pass.
     """
-    shift = np.matmul(x.transpose(0, 2, 1), ops.mean).astype(np.float64)
-    xd = np.subtract(x, shift[:, None, :], dtype=np.float64)
-    xdt = xd.transpose(0, 2, 1)
-    cs = np.matmul(xdt, ops.wv) * ops.inv_w  # weighted centroid minus shift
-    # sum w yc is 0 up to rounding; subtracting its exact value keeps M that of centred frames.
-    m = np.matmul(xdt, ops.wyc) - cs[:, :, None] * ops.wyc_sum[None, None, :]
-    if ops.weighted:
-        sq = np.einsum("fni,fni,n->f", xd, xd, ops.wv)
-    else:
-        sq = np.einsum("fni,fni->f", xd, xd)
-    ga = np.maximum(sq - np.einsum("fi,fi->f", cs, cs) / ops.inv_w, 0.0)
-    return cs + shift, ga, m
+    f, n = x.shape[:2]
+    xd = np.array(x, dtype=np.float64)  # a copy: shifted in place below
+    s = xd[:, 0, :].copy()
+    for k in range(3):  # one strided pass per coordinate (a (F, 1, 3) broadcast is ~5x slower)
+        xd[:, :, k] -= s[:, k, None]
+    flat = xd.reshape(f, 3 * n)
+    r = flat @ ops.wmat
+    q = np.einsum("fk,fk->f", flat, flat) if ops.w3 is None else (flat * flat) @ ops.w3
+    cs = r[:, 9:] * ops.inv_w
+    m = r[:, :9].reshape(f, 3, 3) - cs[:, :, None] * ops.wyc_sum[None, None, :]
+    ga = np.maximum(q - np.einsum("fi,fi->f", cs, cs) / ops.inv_w, 0.0)
+    return cs + s, ga, m
 
 
 def _direct_rmsd_numpy(xs, cx, rot, yc, w, inv_w):
@@ -665,7 +687,7 @@ def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_co
     ref_fit, ref_meas = ref
     f, n = x.shape[:2]
     yc, cy, gb, inv_w = _centre_reference(ref_fit, w_fit)
-    ops = _moment_operands(yc, w_fit, inv_w, x.dtype)
+    ops = _moment_operands(yc, w_fit, inv_w)
     # 1. Moments, in chunks small enough for the float64 copy to stay in cache.
     cx, ga, m = np.empty((f, 3)), np.empty(f), np.empty((f, 3, 3))
     chunk = rows_per_chunk(len(yc) * 3 * 8 * 2, f, _CACHE_CHUNK_BYTES)
@@ -706,83 +728,113 @@ def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_co
 # ==================================================================================================
 # CUDA path: RMSD / superposition to one reference
 
-_MOMENT_THREADS = 256
+_WARP_THREADS = 256  # blocks of the warp-per-frame kernels (8 frames per block)
 _QCP_THREADS = 128
+_PAIR_BLOCK = (32, 8)  # qcp_pairs_* blocks: PAIR_BX (fixed: a warp) x PAIR_BY (a #define)
 
 
 def _qcp_defines():
     return {"QCP_MAX_ITERS": _MAX_ITERS, "QCP_SLOW_ITERS": _SLOW_ITERS, "QCP_NEWTON_RTOL": repr(_NEWTON_RTOL),
             "QCP_NEWTON_FLAT": repr(_NEWTON_FLAT), "QCP_ADJ_TINY": repr(_ADJ_TINY),
-            "QCP_JACOBI_SWEEPS": _JACOBI_SWEEPS}
+            "QCP_JACOBI_SWEEPS": _JACOBI_SWEEPS, "PAIR_BY": _PAIR_BLOCK[1]}
+
+
+def _kernel(entry):
+    """``qcp.cu``'s entry point with the QCP constants (the loader memoises the module per device)."""
+    from . import _cuda
+
+    return _cuda.get_kernel("qcp", entry, _qcp_defines())
+
+
+def _warp_grid(n_frames: int) -> tuple:
+    """Grid of the warp-per-frame kernels (they loop over frames, so the cap only bounds the grid)."""
+    per_block = _WARP_THREADS // 32
+    return (int(max(1, min(-(-n_frames // per_block), 1 << 20))),)
+
+
+def _reference_operands(yc, w):
+    """``(ref (4, N) float64 as the kernels read it, sum w yc (3,))`` for a centred reference."""
+    n = len(yc)
+    ref = np.empty((4, n))
+    ref[:3] = yc.T
+    ref[3] = 1.0 if w is None else w
+    wyc = yc.sum(axis=0) if w is None else (yc * w[:, None]).sum(axis=0)
+    return ref, wyc
 
 
 def _rmsd_cuda(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_coords=False):
     """CUDA twin of :func:`_rmsd_numpy`: ``x`` (F, N, 3) NumPy or CuPy; results are CuPy arrays.
 
-    A kernel reduces each frame to its centroid, ``G_A`` and ``M`` in float64 (one block per frame,
-    reading float32 or float64 directly: no transposed copy), a second one runs QCP with the rotation.
-    Frames go in chunks sized by the device memory budget.
+    Three launches, no host synchronisation: ``frame_moments_*`` reads every frame once (one warp per
+    frame, in its dtype, fitted atoms gathered through an index array: no copy of the frames) and leaves
+    13 float64 numbers per frame; ``qcp_frames`` turns them into the RMSD, the rotation and the
+    translation; ``frame_direct_*`` re-measures the (rare) near-identical frames on the coordinates.
+    Host input is uploaded in frame chunks sized by the device memory budget; device input is used as
+    it is (one chunk) unless measured atoms or moved coordinates need float64 temporaries.
     """
     import cupy as cp
 
-    from . import _cuda
-
     ref_fit, ref_meas = ref
-    f, n = x.shape[:2]
+    f, n_atoms = x.shape[:2]
     yc, cy, gb, inv_w = _centre_reference(ref_fit, w_fit)
+    n = len(yc)
     dt = _float_dtype(x.dtype)
     sfx = "f32" if dt == np.float32 else "f64"
-    defines = _qcp_defines()
-    h_mom = _cuda.get_kernel("qcp", f"frame_moments_{sfx}", defines)
-    h_qcp = _cuda.get_kernel("qcp", "qcp_frames", defines)
-    yc_d = cp.asarray(yc)
-    wf_d = None if w_fit is None else cp.asarray(w_fit)
-    cy_d = cp.asarray(cy)
-    ref_meas_d = None if ref_meas is None else cp.asarray(ref_meas)
-    w_meas_d = None if w_meas is None else cp.asarray(w_meas)
-    fit_d = None if fit is None else cp.asarray(fit)
-    meas_d = None if meas is None else cp.asarray(meas)
-    out_r = cp.empty(f)
-    out_rot = cp.empty((f, 3, 3))
-    out_t = cp.empty((f, 3))
-    coords = cp.empty((f, n, 3), dtype=dt) if want_coords else None
-    # Input chunk (its dtype) + fitted copy + float64 temporaries for measured atoms / coordinates.
-    per_frame = n * 3 * (np.dtype(dt).itemsize * 2 + 8 * 4) + 256
-    chunk = rows_per_chunk(per_frame, f, device_budget_bytes())
+    h_mom = _kernel(f"frame_moments_{sfx}")
+    ref_h, wyc = _reference_operands(yc, w_fit)
+    ref_d = cp.asarray(ref_h)
+    idx_d = None if fit is None else cp.asarray(np.asarray(fit, dtype=np.int32))
+    weighted = int(w_fit is not None)
+    on_device = is_cupy_array(x)
+    per_frame = 13 * 8
+    if not on_device:
+        per_frame += n_atoms * 3 * np.dtype(dt).itemsize
+    if ref_meas is not None:
+        per_frame += len(ref_meas) * 3 * 8 * 3
+    if want_coords:
+        per_frame += n_atoms * 3 * 8 * 3
+    chunk = f if (on_device and per_frame <= 256) else rows_per_chunk(per_frame, f, device_budget_bytes())
     for f0 in range(0, f, chunk):
         f1 = min(f, f0 + chunk)
         nf = f1 - f0
         xs = cp.ascontiguousarray(cp.asarray(x[f0:f1]), dtype=dt)
-        xf = xs if fit_d is None else cp.ascontiguousarray(xs[:, fit_d])
-        nfit = xf.shape[1]
         mom = cp.empty((nf, 13))
-        _cuda.launch(h_mom, (nf,), (_MOMENT_THREADS,), xf, yc_d, wf_d, mom, nf, nfit, float(inv_w))
-        r = out_r[f0:f1]
-        rot = out_rot[f0:f1]
-        grid = (nf + _QCP_THREADS - 1) // _QCP_THREADS
-        _cuda.launch(h_qcp, (grid,), (_QCP_THREADS,), mom, r, rot, nf, float(gb), float(inv_w))
-        cx = mom[:, 10:13]
-        t = cy_d - cp.einsum("fij,fj->fi", rot, cx)
-        out_t[f0:f1] = t
+        _launch(h_mom, _warp_grid(nf), (_WARP_THREADS,), xs, idx_d, ref_d, mom, nf, n_atoms, n, weighted,
+                float(inv_w), float(wyc[0]), float(wyc[1]), float(wyc[2]))
+        if f0 == 0:
+            # Set up the rest while the device reads the frames (host time before the first launch is
+            # device idle time for a caller timing the whole call).
+            h_qcp, h_dir = _kernel("qcp_frames"), _kernel(f"frame_direct_{sfx}")
+            out_r = cp.empty(f)
+            out_rot = cp.empty((f, 3, 3))
+            out_t = cp.empty((f, 3))
+            coords = cp.empty((f, n_atoms, 3), dtype=dt) if want_coords else None
+            ref_meas_d = None if ref_meas is None else cp.asarray(ref_meas)
+            w_meas_d = None if w_meas is None else cp.asarray(w_meas)
+            meas_d = None if meas is None else cp.asarray(meas)
+        r, rot, t = out_r[f0:f1], out_rot[f0:f1], out_t[f0:f1]
+        _launch(h_qcp, ((nf + _QCP_THREADS - 1) // _QCP_THREADS,), (_QCP_THREADS,), mom, r, rot, t, nf, float(gb),
+                float(inv_w), float(cy[0]), float(cy[1]), float(cy[2]))
         if ref_meas_d is None:
-            # Near-identical frames: re-measure on the coordinates, as the NumPy twin (module notes).
-            # Finding them synchronises once per chunk; there are rarely any to re-measure.
-            small = cp.flatnonzero(r * r <= _DIRECT_TAU * (mom[:, 9] + gb) * inv_w)
-            if small.size:
-                xc = xf[small].astype(cp.float64) - cx[small][:, None, :]
-                d = cp.matmul(xc, rot[small].transpose(0, 2, 1)) - yc_d
-                sq = (d * d).sum(axis=2)
-                r[small] = cp.sqrt((sq.sum(axis=1) if wf_d is None else sq @ wf_d) * inv_w)
-        if ref_meas_d is not None:
+            # Near-identical frames: re-measured on the coordinates (module notes), on the device.
+            _launch(h_dir, _warp_grid(nf), (_WARP_THREADS,), xs, idx_d, ref_d, mom, rot, r, nf, n_atoms, n, weighted,
+                    float(gb), float(inv_w), float(_DIRECT_TAU))
+        else:
             xm = xs[:, meas_d].astype(cp.float64)
             d = cp.matmul(xm, rot.transpose(0, 2, 1)) + t[:, None, :] - ref_meas_d
             if w_meas_d is None:
-                out_r[f0:f1] = cp.sqrt((d * d).sum(axis=(1, 2)) / len(ref_meas))
+                r[...] = cp.sqrt((d * d).sum(axis=(1, 2)) / len(ref_meas))
             else:
-                out_r[f0:f1] = cp.sqrt(((d * d).sum(axis=2) * w_meas_d).sum(axis=1) / float(w_meas.sum()))
+                r[...] = cp.sqrt(((d * d).sum(axis=2) * w_meas_d).sum(axis=1) / float(w_meas.sum()))
         if want_coords:
             coords[f0:f1] = cp.matmul(xs.astype(cp.float64), rot.transpose(0, 2, 1)) + t[:, None, :]
     return out_r, out_rot, out_t, coords
+
+
+def _launch(h, grid, block, *args):
+    from . import _cuda
+
+    _cuda.launch(h, grid, block, *args)
 
 
 # ==================================================================================================
@@ -981,21 +1033,30 @@ def _centre_frames_numpy(x, w, fit):
 
 def _qcp_tile_numpy(blocks, ga, gb, inv_w, upper: bool):
     """RMSD for a tile of 3x3 blocks (3 Ti, 3 Tj) (float32 or float64): (Ti, Tj) float64. With
-    ``upper`` (a diagonal tile of a symmetric run) only the pairs i < j are computed; the rest is 0."""
+    ``upper`` (a diagonal tile of a symmetric run) only the pairs i < j are computed; the rest is 0.
+
+    The vectorised QCP runs on groups of whole rows of about ``_QCP_CHUNK_PAIRS`` pairs: its ~40
+    temporaries per group then stay in the CPU's cache (on a whole 512 x 512 tile they are 2 MB each,
+    and every step of the QCP would stream from memory)."""
     ti, tj = blocks.shape[0] // 3, blocks.shape[1] // 3
     b4 = blocks.reshape(ti, 3, tj, 3)
     res = np.zeros((ti, tj))
-    if upper:
-        iu, ju = np.triu_indices(ti, 1, tj)
-        if iu.size == 0:
-            return res
-        s = [b4[iu, p, ju, q].astype(np.float64) for p in range(3) for q in range(3)]
-        res[iu, ju] = _qcp_rmsd_only(s, ga[iu], gb[ju], inv_w)
-        return res
-    s = [np.asarray(b4[:, p, :, q], dtype=np.float64).reshape(-1) for p in range(3) for q in range(3)]
-    gaa = np.repeat(ga, tj)
-    gbb = np.tile(gb, ti)
-    return _qcp_rmsd_only(s, gaa, gbb, inv_w).reshape(ti, tj)
+    rows = max(1, _QCP_CHUNK_PAIRS // max(tj, 1))
+    cols = np.arange(tj)
+    for r0 in range(0, ti, rows):
+        r1 = min(ti, r0 + rows)
+        if upper:
+            ii, jj = np.nonzero(cols[None, :] > np.arange(r0, r1)[:, None])
+            if ii.size == 0:
+                continue
+            ii += r0
+            s = [b4[ii, p, jj, q].astype(np.float64) for p in range(3) for q in range(3)]
+            res[ii, jj] = _qcp_rmsd_only(s, ga[ii], gb[jj], inv_w)
+        else:
+            blk = b4[r0:r1]
+            s = [np.asarray(blk[:, p, :, q], dtype=np.float64).reshape(-1) for p in range(3) for q in range(3)]
+            res[r0:r1] = _qcp_rmsd_only(s, np.repeat(ga[r0:r1], tj), np.tile(gb, r1 - r0), inv_w).reshape(r1 - r0, tj)
+    return res
 
 
 def _pairwise_numpy(x, y=None, *, fit=None, weights=None, precision="float64", out=None, condensed=False,
@@ -1070,121 +1131,227 @@ def _gpu_tile_size(f, g, prec_size, out_size, budget, fixed):
 
 
 def _centre_frames_cuda(x, w, fit, prec):
-    """Device twin of :func:`_centre_frames_numpy`: (3F, N) ``prec`` CuPy array and G (F,) float64.
-    ``x`` may be host or device; host input is uploaded frame chunk by frame chunk."""
+    """Device twin of :func:`_centre_frames_numpy` (kernel ``centre_frames_*``, one warp per frame):
+    the stacked (3F, N) ``prec`` CuPy array and G (F,) float64. ``x`` may be host or device (float32
+    stays float32 on the way); host input is uploaded frame chunk by frame chunk."""
     import cupy as cp
 
-    f = x.shape[0]
-    n = x.shape[1] if fit is None else len(fit)
+    f, n_atoms = x.shape[:2]
+    n = n_atoms if fit is None else len(fit)
+    dt = _float_dtype(x.dtype)
+    h = _kernel(f"centre_frames_{'f32' if dt == np.float32 else 'f64'}_{'b32' if prec == np.float32 else 'b64'}")
     a = cp.empty((3 * f, n), dtype=prec)
     g = cp.empty(f)
-    fit_d = None if fit is None else cp.asarray(fit)
+    idx_d = None if fit is None else cp.asarray(np.asarray(fit, dtype=np.int32))
     w_d = None if w is None else cp.asarray(w)
-    sw = None if w is None else cp.sqrt(w_d)
-    chunk = rows_per_chunk(x.shape[1] * 3 * 8 * 4, f, max(device_budget_bytes() // 4, 1 << 24))
+    sw_d = None if w is None else cp.asarray(np.sqrt(w))
+    inv_w = 1.0 / (n if w is None else float(w.sum()))
+    if is_cupy_array(x):
+        chunk = f
+    else:
+        chunk = rows_per_chunk(n_atoms * 3 * np.dtype(dt).itemsize, f, max(device_budget_bytes() // 4, 1 << 24))
     for f0 in range(0, f, chunk):
         f1 = min(f, f0 + chunk)
-        xd = cp.asarray(x[f0:f1]).astype(cp.float64)
-        if fit_d is not None:
-            xd = xd[:, fit_d]
-        cx = xd.mean(axis=1) if w is None else cp.einsum("fni,n->fi", xd, w_d) / float(w.sum())
-        c = (xd - cx[:, None, :]).transpose(0, 2, 1)
-        if sw is not None:
-            c = c * sw
-        g[f0:f1] = (c * c).sum(axis=(1, 2))
-        a[3 * f0:3 * f1] = c.reshape(-1, n).astype(prec)
+        xs = cp.ascontiguousarray(cp.asarray(x[f0:f1]), dtype=dt)
+        _launch(h, _warp_grid(f1 - f0), (_WARP_THREADS,), xs, idx_d, w_d, sw_d, a[3 * f0:3 * f1], g[f0:f1], f1 - f0,
+                n_atoms, n, inv_w)
     return a, g
 
 
-def _launch_pairs(h, blocks, ga, gb, dst, ti, tj, row0, col0, out_ld, out_row0, out_col0, n_total, inv_w, mode):
-    """Launch ``qcp_pairs_*`` over a tile; reads the blocks with explicit strides so that a row- or
-    column-major GEMM result is used without a copy."""
+class _PairPlan:
+    """The device state of one all-vs-all run: the stacked centred frames ``a`` (3F, N) and ``b``
+    (3G, N) in the GEMM precision (``b is a`` when symmetric), their traces ``ga``, ``gb``, and the
+    pair kernels. :meth:`gemm` makes a panel's 3x3 blocks, :meth:`qcp` turns (part of) a panel into
+    RMSDs."""
+
+    def __init__(self, x, y, fit, weights, precision, out_dtype):
+        prec = np.dtype(precision)
+        self.prec, self.odt = prec, np.dtype(out_dtype)
+        self.symmetric = y is None
+        self.a, self.ga = _centre_frames_cuda(x, weights, fit, prec)
+        if self.symmetric:
+            self.b, self.gb = self.a, self.ga
+        else:
+            self.b, self.gb = _centre_frames_cuda(y, weights, fit, prec)
+        n = self.a.shape[1]
+        self.inv_w = 1.0 / (n if weights is None else float(weights.sum()))
+        self.f, self.g = len(self.ga), len(self.gb)
+        sfx = f"{'b32' if prec == np.float32 else 'b64'}_{'o32' if self.odt == np.float32 else 'o64'}"
+        self.h_pairs, self.h_refine = _kernel(f"qcp_pairs_{sfx}"), _kernel(f"qcp_refine_{sfx}")
+        self.fixed = self.a.nbytes + (0 if self.symmetric else self.b.nbytes) + 8 * (self.f + self.g)
+
+    def gemm(self, i0, i1, j0, j1):
+        """Blocks of rows i0:i1 against columns j0:j1: (3 (i1 - i0), 3 (j1 - j0)), row-major (cuBLAS through
+        nvmath follows the row-major first operand; a column-major result is copied to be safe)."""
+        import cupy as cp
+
+        from ._cuda.blas import matmul
+
+        blocks = matmul(self.a[3 * i0:3 * i1], self.b[3 * j0:3 * j1].T)
+        return blocks if blocks.flags.c_contiguous else cp.ascontiguousarray(blocks)
+
+    def qcp(self, blocks, p0, i0, i1, j0, j1, dst, out_ld, out_row0, out_col0, mode):
+        """Pairs (i0:i1) x (j0:j1) from ``blocks`` (a panel whose first column frame is ``p0``) into ``dst``."""
+        ti, tj = i1 - i0, j1 - j0
+        bx, by = _PAIR_BLOCK
+        grid = ((tj + bx - 1) // bx, (ti + by - 1) // by)
+        args = (blocks, blocks.shape[1], 3 * (j0 - p0), self.ga, self.gb, dst, ti, tj, i0, j0, out_ld, out_row0,
+                out_col0, self.f, float(self.inv_w), mode)
+        _launch(self.h_pairs, grid, _PAIR_BLOCK, *args)
+        _launch(self.h_refine, grid, _PAIR_BLOCK, *args)
+
+    def panel_cols(self, rows, avail, granule, start):
+        """Columns of one GEMM panel of ``rows`` rows: a multiple of ``granule`` whose blocks fit in
+        ``avail`` bytes (at least one granule), at most what is left from column ``start``."""
+        left = self.g - start
+        per_col = 9 * rows * self.prec.itemsize
+        k = max(1, int(avail // (per_col * granule)))
+        return min(left, k * granule)
+
+
+def _strip_rows(f: int) -> int:
+    """Rows of a GEMM strip in a symmetric resident run: about 1/6 of the frames, at least 256, a
+    multiple of 32. A strip's GEMM covers its rows against every later column, so 6 strips do ~58% of
+    the full square's work (k strips: (k + 1) / 2k), while each GEMM stays large enough for cuBLAS's full
+    speed and the strips are few enough for the host to enqueue them (~0.1-0.3 ms of Python each)
+    faster than the device runs them."""
+    r = max(256, -(-f // 6))
+    return min(f, -(-r // 32) * 32)
+
+
+def _pairwise_tiles_cuda(x, *, fit=None, weights=None, precision="float64", tile=None, out_dtype=np.float32):
+    """Square tiles of the symmetric all-vs-all RMSD matrix on the device, one at a time (for callers
+    that fold each tile into their own state, e.g. ``protgpu.scoring.consensus``).
+
+    Parameters
+    ----------
+    x : np.ndarray or cupy.ndarray, shape (F, N, 3)
+        Frames, Angstrom (float32 or float64; host input is uploaded once).
+    fit : np.ndarray of int, optional
+        Atom indices used (default all).
+    weights : np.ndarray (n_fit,), optional
+    precision : {"float64", "float32"}
+        GEMM precision, as :func:`pairwise_rmsd`.
+    tile : int, optional
+        Frames per tile side (default: from the device memory budget, at most 8192).
+    out_dtype : dtype
+        float32 or float64 tiles.
+
+    Yields
+    ------
+    (i0, i1, j0, j1, dst)
+        For ``i0`` over the row tiles and ``j0 >= i0`` over the column tiles (the upper triangle of
+        tiles, row by row, as :func:`_tiles`): ``dst`` a C-contiguous CuPy (i1 - i0, j1 - j0) array of RMSDs,
+        Angstrom. A diagonal tile (``i0 == j0``) is complete: symmetric, zero diagonal (made with
+        ``_MIRROR | _UPPER_ONLY | _ZERO_DIAG``). ``dst`` is written on CuPy's current stream and reused
+        for the next tile: consume it (launch on the same stream, or copy) before advancing.
+
+    Raises
+    ------
+    MemoryBudgetError
+        The stacked coordinates and one tile do not fit in the device budget.
+    """
     import cupy as cp
 
-    from . import _cuda
+    plan = _PairPlan(x, None, fit, weights, precision, out_dtype)
+    f = plan.f
+    budget = device_budget_bytes()
+    t = int(tile) if tile else _gpu_tile_size(f, f, plan.prec.itemsize, plan.odt.itemsize, budget, plan.fixed)
+    t = max(1, min(t, f, 65535 * _PAIR_BLOCK[1]))
+    buf = cp.empty(t * t, dtype=plan.odt)
+    avail = max(budget - plan.fixed - buf.nbytes, 0)
+    for i0, i1, p0, p1, blocks in _panels(plan, t, avail):
+        for j0 in range(p0, p1, t):
+            j1 = min(p1, j0 + t)
+            dst = buf[:(i1 - i0) * (j1 - j0)].reshape(i1 - i0, j1 - j0)
+            mode = (_MIRROR | _UPPER_ONLY | _ZERO_DIAG) if i0 == j0 else 0
+            plan.qcp(blocks, p0, i0, i1, j0, j1, dst, j1 - j0, 0, 0, mode)
+            yield i0, i1, j0, j1, dst
 
-    if blocks.flags.c_contiguous:
-        arr, rs, cs = blocks, blocks.shape[1], 1
-    elif blocks.flags.f_contiguous:
-        arr, rs, cs = blocks.T, 1, blocks.shape[0]
-    else:
-        arr = cp.ascontiguousarray(blocks)
-        rs, cs = arr.shape[1], 1
-    total = ti * tj
-    threads = 256
-    grid = int(max(1, min((total + threads - 1) // threads, 1 << 20)))
-    _cuda.launch(h, (grid,), (threads,), arr, ga, gb, dst, ti, tj, rs, cs, row0, col0, out_ld, out_row0,
-                 out_col0, n_total, float(inv_w), mode)
+
+def _panels(plan, t, avail):
+    """``(i0, i1, p0, p1, blocks)``: row tiles of ``t`` frames, each against its columns (from ``i0`` when
+    symmetric) in panels of whole tiles, one GEMM per panel, panels as wide as ``avail`` bytes allow."""
+    for i0 in range(0, plan.f, t):
+        i1 = min(plan.f, i0 + t)
+        start = i0 if plan.symmetric else 0
+        p0 = start
+        while p0 < plan.g:
+            p1 = p0 + plan.panel_cols(i1 - i0, avail, t, p0)
+            yield i0, i1, p0, p1, plan.gemm(i0, i1, p0, p1)
+            p0 = p1
 
 
 def _pairwise_cuda(x, y=None, *, fit=None, weights=None, precision="float64", out=None, condensed=False,
                    tile: int | None = None, out_dtype=np.float32, host_result: bool = True):
-    """CUDA path of :func:`pairwise_rmsd`: centre on the device, one cuBLAS GEMM per tile of the stacked
-    (3F, N) coordinates gives every pair's 3x3 block, ``qcp_pairs_*`` turns blocks into RMSDs.
+    """CUDA path of :func:`pairwise_rmsd`: ``centre_frames_*`` stacks the centred frames on the device,
+    one cuBLAS GEMM per panel of the stacked (3F, N) coordinates gives every pair's 3x3 block, and
+    ``qcp_pairs_*`` (+ ``qcp_refine_*`` for the rare near-repeated roots) turns blocks into RMSDs.
 
-    With ``out`` (host array, np.memmap, Zarr) or when the result does not fit in the device budget,
-    tiles stream to the host: each finished tile is copied device-to-host on a second stream into one
-    of two pinned buffers while the next tile computes, and a writer thread stores it into ``out``.
-    Otherwise the kernel writes straight into a device-resident result (mirrored, or condensed).
-    Returns ``out``, the host result, or (``host_result=False``) the CuPy result.
+    Resident result (it fits in half the device budget, no ``out``): symmetric runs go in row strips of
+    ~F/6 frames, each strip's GEMM against its own and every later column only (~58% of the square's
+    work), the kernel mirroring each pair (or writing the condensed vector); ``tile`` replaces the strips
+    by square tiles. Otherwise tiles stream to the host: each finished tile is copied device-to-host on a
+    second stream into one of two pinned buffers while the next tile computes, and a writer thread stores
+    it into ``out``. Returns ``out``, the host result, or (``host_result=False``) the CuPy result.
     """
     import cupy as cp
     import cupyx
 
-    from . import _cuda
-    from ._cuda.blas import matmul
-
-    prec = np.dtype(precision)
-    symmetric = y is None
-    a, ga = _centre_frames_cuda(x, weights, fit, prec)
-    if symmetric:
-        b, gb = a, ga
-    else:
-        b, gb = _centre_frames_cuda(y, weights, fit, prec)
-    n = a.shape[1]
-    inv_w = 1.0 / (n if weights is None else float(weights.sum()))
-    f, g = len(ga), len(gb)
-    odt = np.dtype(out.dtype if out is not None else out_dtype)
-    osfx = "o32" if odt == np.float32 else "o64"
-    bsfx = "b32" if prec == np.float32 else "b64"
-    h = _cuda.get_kernel("qcp", f"qcp_pairs_{bsfx}_{osfx}", _qcp_defines())
+    plan = _PairPlan(x, y, fit, weights, precision, out.dtype if out is not None else out_dtype)
+    f, g, odt, symmetric = plan.f, plan.g, plan.odt, plan.symmetric
     budget = device_budget_bytes()
-    fixed = (a.nbytes + (0 if symmetric else b.nbytes)) + 8 * (f + g)
     shape = (f * (f - 1) // 2,) if condensed else (f, g)
     result_bytes = int(np.prod(shape)) * odt.itemsize
-    # Resident when the whole result takes at most half the budget (tiles get the rest); else stream.
-    resident = out is None and result_bytes + fixed <= budget // 2
-    t = tile or _gpu_tile_size(f, g, prec.itemsize, odt.itemsize, budget - (result_bytes if resident else 0), fixed)
-    t = max(1, min(int(t), max(f, g)))
+    # Resident when the whole result takes at most half the budget (panels get the rest); else stream.
+    resident = out is None and result_bytes + plan.fixed <= budget // 2
     if out is None and not resident and not host_result:
         raise MemoryBudgetError(
             f"pairwise RMSD: the {shape} result ({format_bytes(result_bytes)}) does not fit in the device "
             f"budget ({format_bytes(budget)}); pass out= (an np.memmap or Zarr array) to stream it")
     if resident:
         dst = cp.empty(shape, dtype=odt)
-        if symmetric and not condensed:
-            dst[cp.arange(f), cp.arange(f)] = 0
-        for i0, i1, j0, j1 in _tiles(f, g, t, symmetric):
-            blocks = matmul(a[3 * i0:3 * i1], b[3 * j0:3 * j1].T)
-            if condensed:
-                mode = _CONDENSED
-            elif symmetric:
-                mode = _MIRROR | (_UPPER_ONLY | _ZERO_DIAG if i0 == j0 else 0)
-            else:
-                mode = 0
-            _launch_pairs(h, blocks, ga, gb, dst, i1 - i0, j1 - j0, i0, j0, g, i0, j0, f, inv_w, mode)
+        avail = budget - plan.fixed - result_bytes
+        if tile:
+            rows = cols = max(1, min(int(tile), max(f, g)))
+        else:
+            rows = _strip_rows(f) if symmetric else f
+            cols = 32
+        rows = min(rows, f, 65535 * _PAIR_BLOCK[1])  # grid.y limit
+        if 9 * rows * cols * plan.prec.itemsize > avail:  # a budget too small for the strip: square tiles
+            rows = cols = _gpu_tile_size(f, g, plan.prec.itemsize, odt.itemsize, budget - result_bytes, plan.fixed)
+        if condensed:
+            mode = _CONDENSED
+        elif symmetric:
+            mode = _MIRROR | _UPPER_ONLY | _ZERO_DIAG  # no-ops away from the diagonal
+        else:
+            mode = 0
+        for i0 in range(0, f, rows):
+            i1 = min(f, i0 + rows)
+            p0 = i0 if symmetric else 0
+            while p0 < g:
+                p1 = p0 + plan.panel_cols(i1 - i0, avail, cols, p0)
+                if tile:
+                    p1 = min(p1, p0 + cols)
+                blocks = plan.gemm(i0, i1, p0, p1)
+                plan.qcp(blocks, p0, i0, i1, p0, p1, dst, g, i0, p0, mode)
+                del blocks
+                p0 = p1
         return dst.get() if host_result else dst
-    # Streaming to the host.
+    # Streaming to the host, tile by tile.
     if out is None:
         check_host_fits(result_bytes, "the RMSD matrix")
         out = np.empty(shape, dtype=odt)
         if symmetric and not condensed:
             out[np.arange(f), np.arange(f)] = 0
     sink = _Sink(out, f, symmetric, condensed)
+    t = tile or _gpu_tile_size(f, g, plan.prec.itemsize, odt.itemsize, budget, plan.fixed)
+    t = max(1, min(int(t), max(f, g), 65535 * _PAIR_BLOCK[1]))
     compute = cp.cuda.get_current_stream()
     copy_stream = cp.cuda.Stream(non_blocking=True)
     dev_tiles = [cp.empty((t, t), dtype=odt) for _ in range(2)]
     host_tiles = [cupyx.empty_pinned((t, t), dtype=odt) for _ in range(2)]
+    avail = max(budget - plan.fixed - 2 * dev_tiles[0].nbytes, 0)
     copied = [None, None]
     pending: list = [None, None]
 
@@ -1193,24 +1360,26 @@ def _pairwise_cuda(x, y=None, *, fit=None, weights=None, precision="float64", ou
         sink.write(i0, i1, j0, j1, buf[: i1 - i0, : j1 - j0])
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as writer:
-        for k, (i0, i1, j0, j1) in enumerate(_tiles(f, g, t, symmetric)):
-            s = k % 2
-            ti, tj = i1 - i0, j1 - j0
-            if copied[s] is not None:
-                compute.wait_event(copied[s])  # the device tile buffer must have been copied out
-            blocks = matmul(a[3 * i0:3 * i1], b[3 * j0:3 * j1].T)
-            diag = symmetric and i0 == j0
-            mode = (_UPPER_ONLY | _ZERO_DIAG) if diag else 0
-            _launch_pairs(h, blocks, ga, gb, dev_tiles[s], ti, tj, i0, j0, tj, 0, 0, f, inv_w, mode)
-            done = compute.record()
-            if pending[s] is not None:
-                pending[s].result()  # the writer must be finished with this pinned buffer
-            copy_stream.wait_event(done)
-            src = dev_tiles[s].reshape(-1)[: ti * tj]
-            host_view = host_tiles[s].reshape(-1)[: ti * tj]
-            cp.asnumpy(src, stream=copy_stream, out=host_view, blocking=False)
-            copied[s] = copy_stream.record()
-            pending[s] = writer.submit(store, copied[s], host_view.reshape(ti, tj), i0, i1, j0, j1)
+        k = 0
+        for i0, i1, p0, p1, blocks in _panels(plan, t, avail):
+            for j0 in range(p0, p1, t):
+                j1 = min(p1, j0 + t)
+                s = k % 2
+                k += 1
+                ti, tj = i1 - i0, j1 - j0
+                if copied[s] is not None:
+                    compute.wait_event(copied[s])  # the device tile buffer must have been copied out
+                dst = dev_tiles[s].reshape(-1)[: ti * tj].reshape(ti, tj)
+                diag = symmetric and i0 == j0
+                plan.qcp(blocks, p0, i0, i1, j0, j1, dst, tj, 0, 0, (_UPPER_ONLY | _ZERO_DIAG) if diag else 0)
+                done = compute.record()
+                if pending[s] is not None:
+                    pending[s].result()  # the writer must be finished with this pinned buffer
+                copy_stream.wait_event(done)
+                host_view = host_tiles[s].reshape(-1)[: ti * tj]
+                cp.asnumpy(dst.reshape(-1), stream=copy_stream, out=host_view, blocking=False)
+                copied[s] = copy_stream.record()
+                pending[s] = writer.submit(store, copied[s], host_view.reshape(ti, tj), i0, i1, j0, j1)
         for p in pending:
             if p is not None:
                 p.result()

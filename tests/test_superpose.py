@@ -580,21 +580,123 @@ def test_cli_pairwise_zarr_needs_zarr(datasets, tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------
-# The kernel's logic on the host: qcp.cu compiled as C++ with one thread per block
+# qcp.cu itself on the host: compiled as C++20 with one std::thread per CUDA thread (warp shuffles and
+# __syncthreads through barriers), blocks one after the other. Each entry point gets a generated
+# wrapper host_<entry>(gx, gy, bx, by, <its parameters>) that runs it over a grid.
 
 
 _PRELUDE = r"""
+#include <barrier>
 #include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
 using std::sqrt; using std::fabs; using std::fmin; using std::fmax; using std::copysign; using std::isnan;
+using std::fma;
 struct pg_dim3 { unsigned x, y, z; };
-static pg_dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+static thread_local pg_dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0};
+static pg_dim3 blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
-static inline void __syncthreads() {}
-static inline double __shfl_down_sync(unsigned, double, int) { return 0.0; }
+#define __launch_bounds__(...)
+static std::barrier<>* g_block_bar = nullptr;
+static std::vector<std::barrier<>*> g_warp_bar;
+static double g_xchg[64][32];
+static inline int pg_tid() { return (int)(threadIdx.y * blockDim.x + threadIdx.x); }
+static inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+static inline double __shfl_xor_sync(unsigned, double v, int off) {
+    const int t = pg_tid(), lane = t & 31, w = t >> 5;
+    g_xchg[w][lane] = v;
+    g_warp_bar[w]->arrive_and_wait();
+    const double r = g_xchg[w][lane ^ off];
+    g_warp_bar[w]->arrive_and_wait();
+    return r;
+}
+// One std::thread per thread of a block, each walking all the blocks in order; a barrier closes each
+// block (its __shared__ arrays are statics, reused by the next block).
+static void run_grid(int gx, int gy, int bx, int by, const std::function<void()>& body) {
+    const int nt = bx * by;
+    blockDim = {(unsigned)bx, (unsigned)by, 1};
+    gridDim = {(unsigned)gx, (unsigned)gy, 1};
+    std::barrier<> bb(nt);
+    g_block_bar = &bb;
+    std::vector<std::unique_ptr<std::barrier<>>> own;
+    g_warp_bar.clear();
+    for (int w = 0; w < (nt + 31) / 32; ++w) {
+        own.emplace_back(new std::barrier<>(nt - 32 * w < 32 ? nt - 32 * w : 32));
+        g_warp_bar.push_back(own.back().get());
+    }
+    std::vector<std::thread> th;
+    for (int t = 0; t < nt; ++t)
+        th.emplace_back([&, t] {
+            threadIdx = {(unsigned)(t % bx), (unsigned)(t / bx), 0};
+            for (int yb = 0; yb < gy; ++yb)
+                for (int xb = 0; xb < gx; ++xb) {
+                    blockIdx = {(unsigned)xb, (unsigned)yb, 0};
+                    body();
+                    bb.arrive_and_wait();
+                }
+        });
+    for (auto& x : th) x.join();
+}
 """
+
+
+def _host_wrappers():
+    """``extern "C" host_<entry>(int gx, int gy, int bx, int by, <params>)`` for every entry point."""
+    import re
+
+    from protgpu._cuda import loader
+
+    src = loader.read_source("qcp")
+    out = []
+    for m in loader._ENTRY.finditer(src):
+        name, params = m.group(1), m.group(2)
+        names = [loader._parse_param(q).name for q in params.split(",") if q.strip()]
+        out.append(f'extern "C" void host_{name}(int gx, int gy, int bx, int by, {params}) '
+                   f'{{ run_grid(gx, gy, bx, by, [=] {{ {name}({", ".join(names)}); }}); }}')
+    assert out and not re.search(r"\bhost_\w+\(int gx, int gy, int bx, int by, \)", "\n".join(out))
+    return "\n".join(out)
+
+
+class _HostKernels:
+    """The host build: ``kernels.<entry>(grid, block, *args)`` runs an entry point (arguments: NumPy
+    arrays or None for pointers, Python numbers for scalars, as protgpu._cuda.launch takes them)."""
+
+    def __init__(self, so):
+        from protgpu._cuda import loader
+
+        self.so, self.params = so, loader.entry_points("qcp")
+        for entry, params in self.params.items():
+            fn = getattr(so, f"host_{entry}")
+            types = [ctypes.c_int] * 4
+            for prm in params:
+                if prm.pointer:
+                    types.append(ctypes.c_void_p)
+                else:
+                    types.append({np.float64: ctypes.c_double, np.float32: ctypes.c_float, np.int32: ctypes.c_int,
+                                  np.int64: ctypes.c_longlong}[prm.dtype])
+            fn.argtypes = types
+
+    def run(self, entry, grid, block, *args):
+        grid, block = tuple(grid) + (1,) * (2 - len(grid)), tuple(block) + (1,) * (2 - len(block))
+        conv = []
+        for prm, v in zip(self.params[entry], args, strict=True):
+            if prm.pointer:
+                if v is not None:
+                    assert isinstance(v, np.ndarray) and v.dtype == np.dtype(prm.dtype) and v.flags.c_contiguous, \
+                        (entry, prm.name)
+                conv.append(None if v is None else v.ctypes.data)
+            else:
+                conv.append(v)
+        getattr(self.so, f"host_{entry}")(grid[0], grid[1], block[0], block[1], *conv)
+
+
+_HOST_PAIR_BLOCK = (32, 2)  # the host build's pair blocks: 64 threads (the GPU's are 32 x 8)
 
 
 @pytest.fixture(scope="module")
@@ -605,45 +707,63 @@ def host_kernels(tmp_path_factory):
     from protgpu._cuda.loader import build_source
 
     d = tmp_path_factory.mktemp("qcp_host")
-    src = _PRELUDE + build_source("qcp", sp._qcp_defines()).replace("#pragma once", "")
+    defines = {**sp._qcp_defines(), "PAIR_BY": _HOST_PAIR_BLOCK[1]}
+    src = _PRELUDE + build_source("qcp", defines).replace("#pragma once", "") + "\n" + _host_wrappers()
     (d / "qcp.cpp").write_text(src)
     lib = d / "qcp.so"
-    subprocess.run([cxx, "-O1", "-std=c++17", "-shared", "-fPIC", str(d / "qcp.cpp"), "-o", str(lib)], check=True)
-    so = ctypes.CDLL(str(lib))
-    p, i, ll, dd = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_double
-    so.frame_moments_f32.argtypes = so.frame_moments_f64.argtypes = [p, p, p, p, i, i, dd]
-    so.qcp_frames.argtypes = [p, p, p, i, dd, dd]
-    for name in ("b32_o32", "b32_o64", "b64_o32", "b64_o64"):
-        getattr(so, f"qcp_pairs_{name}").argtypes = [p, p, p, p, i, i, ll, ll, ll, ll, ll, ll, ll, ll, dd, i]
-    return so
+    proc = subprocess.run([cxx, "-O1", "-std=c++20", "-pthread", "-shared", "-fPIC", str(d / "qcp.cpp"), "-o",
+                           str(lib)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        if "barrier" in proc.stderr:
+            pytest.skip(f"{cxx} lacks C++20 <barrier>")
+        raise AssertionError(proc.stderr[-3000:])
+    return _HostKernels(ctypes.CDLL(str(lib)))
 
 
-def _ptr(a):
-    return None if a is None else a.ctypes.data
-
-
-def _host_rmsd(so, x, y, w=None):
+def _host_rmsd(hk, x, y, w=None, fit=None, block=64):
+    """The three frame kernels in sequence, as _rmsd_cuda launches them (small blocks: few threads)."""
     yc, cy, gb, inv_w = sp._centre_reference(np.asarray(y, np.float64), w)
-    f, n = x.shape[:2]
-    mom = np.empty((f, 13))
-    fn = so.frame_moments_f32 if x.dtype == np.float32 else so.frame_moments_f64
-    fn(_ptr(np.ascontiguousarray(x)), _ptr(np.ascontiguousarray(yc)), _ptr(w), _ptr(mom), f, n, inv_w)
-    r, rot = np.empty(f), np.empty((f, 3, 3))
-    so.qcp_frames(_ptr(mom), _ptr(r), _ptr(rot), f, gb, inv_w)
-    return r, rot
+    f, n_atoms = x.shape[:2]
+    n = len(yc)
+    ref, wyc = sp._reference_operands(yc, w)
+    idx = None if fit is None else np.asarray(fit, np.int32)
+    sfx = "f32" if x.dtype == np.float32 else "f64"
+    x = np.ascontiguousarray(x)
+    mom = np.full((f, 13), np.nan)
+    grid = (-(-f // (block // 32)),)
+    hk.run(f"frame_moments_{sfx}", grid, (block,), x, idx, ref, mom, f, n_atoms, n, int(w is not None), inv_w,
+           *map(float, wyc))
+    r, rot, t = np.full(f, np.nan), np.full((f, 3, 3), np.nan), np.full((f, 3), np.nan)
+    hk.run("qcp_frames", (-(-f // 32),), (32,), mom, r, rot, t, f, gb, inv_w, *map(float, cy))
+    hk.run(f"frame_direct_{sfx}", grid, (block,), x, idx, ref, mom, rot, r, f, n_atoms, n, int(w is not None), gb,
+           inv_w, sp._DIRECT_TAU)
+    return r, rot, t, mom
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_host_kernel_frames_equal_numpy_twin(host_kernels, dtype):
     rng = np.random.default_rng(14)
-    x = (rng.normal(size=(30, 25, 3)) * 5 + 40).astype(dtype)
-    y = rng.normal(size=(25, 3)) * 5
-    w = rng.uniform(0.2, 3, 25)
-    for ww in (None, w):
-        r, rot = _host_rmsd(host_kernels, x, y, ww)
-        r0, rot0, _, _ = sp._rmsd_numpy(x, (y, None), w_fit=ww)
+    # 37 atoms: two unrolled steps of 4 x 32 lanes, the second mostly past the end
+    x = (rng.normal(size=(13, 37, 3)) * 5 + 40).astype(dtype)
+    y = rng.normal(size=(37, 3)) * 5
+    x[4] = y + 7.0  # a translated copy: re-measured by frame_direct (both twins)
+    w = rng.uniform(0.2, 3, 37)
+    fit = np.array([36, 2, 5, 11, 30, 17, 0, 9])
+    for ww, ff in ((None, None), (w, None), (None, fit), (w[fit], fit)):
+        yy = y if ff is None else y[ff]
+        r, rot, t, mom = _host_rmsd(host_kernels, x, yy, ww, ff)
+        r0, rot0, t0, _ = sp._rmsd_numpy(x, (yy, None), fit=ff, w_fit=ww)
         np.testing.assert_allclose(r, r0, atol=1e-10)
         np.testing.assert_allclose(rot, rot0, atol=1e-9)
+        np.testing.assert_allclose(t, t0, atol=1e-8)
+        # the moments themselves against the twin's
+        yc, _cy, _gb, inv_w = sp._centre_reference(yy, ww)
+        cx, ga, m = sp._moments_numpy(x if ff is None else x[:, ff], sp._moment_operands(yc, ww, inv_w))
+        np.testing.assert_allclose(mom[:, :9], m.reshape(-1, 9), rtol=1e-12, atol=1e-9)
+        np.testing.assert_allclose(mom[:, 9], ga, rtol=1e-12)
+        np.testing.assert_allclose(mom[:, 10:], cx, rtol=1e-13)
+        xs = x[4] if ff is None else x[4, ff]
+        assert r[4] == pytest.approx(kabsch(xs, yy, ww)[0], abs=1e-10)  # re-measured: no sqrt of noise
 
 
 def test_host_kernel_degenerate_cases(host_kernels):
@@ -651,7 +771,7 @@ def test_host_kernel_degenerate_cases(host_kernels):
     line = np.outer(np.arange(6.0), [1, 2, 3])
     for x, y in ((tet, tet * [1, 1, -1]), (line, line), (line, line[::-1] * 1.1), (tet[:1], tet[1:2]),
                  (tet[:2], tet[2:]), (np.zeros((3, 3)), np.zeros((3, 3)))):
-        r, rot = _host_rmsd(host_kernels, x[None].astype(np.float64), y)
+        r, rot, _, _ = _host_rmsd(host_kernels, x[None].astype(np.float64), y, block=32)
         r0, rot0, _, _ = sp._rmsd_numpy(x[None], (y, None))
         assert np.isfinite(r).all() and np.isfinite(rot).all()
         assert r[0] == pytest.approx(r0[0], abs=1e-9)
@@ -659,42 +779,101 @@ def test_host_kernel_degenerate_cases(host_kernels):
         assert np.linalg.det(rot[0]) == pytest.approx(1.0, abs=1e-9)
 
 
+@pytest.mark.parametrize("in_dtype", [np.float32, np.float64])
+def test_host_kernel_centre_frames(host_kernels, in_dtype):
+    rng = np.random.default_rng(21)
+    x = (rng.normal(size=(5, 45, 3)) * 4 + 30).astype(in_dtype)
+    w = rng.uniform(0.5, 2.0, 45)
+    fit = np.arange(44, 0, -3)
+    for ww, ff in ((None, None), (w, None), (w[fit], fit)):
+        a0, g0 = sp._centre_frames_numpy(x, ww, ff)
+        n = a0.shape[1]
+        inv_w = 1.0 / (n if ww is None else ww.sum())
+        for prec in (np.float32, np.float64):
+            a = np.full((15, n), np.nan, dtype=prec)
+            g = np.full(5, np.nan)
+            name = f"centre_frames_{'f32' if in_dtype == np.float32 else 'f64'}_b{np.dtype(prec).itemsize * 8}"
+            host_kernels.run(name, (2,), (64,), np.ascontiguousarray(x), None if ff is None else ff.astype(np.int32),
+                             ww, None if ww is None else np.sqrt(ww), a, g, 5, 45, n, inv_w)
+            np.testing.assert_allclose(a, a0.astype(prec), rtol=1e-6 if prec == np.float32 else 1e-12, atol=1e-12)
+            np.testing.assert_allclose(g, g0, rtol=1e-12)
+
+
+def _host_pairs(hk, name, blocks, p0, g_a, g_b, dst, i0, i1, j0, j1, out_ld, out_row0, out_col0, n_total, inv_w,
+                mode):
+    """qcp_pairs_* then qcp_refine_* over a tile, as _PairPlan.qcp launches them."""
+    ti, tj = i1 - i0, j1 - j0
+    bx, by = _HOST_PAIR_BLOCK
+    grid = (-(-tj // bx), -(-ti // by))
+    args = (blocks, blocks.shape[1], 3 * (j0 - p0), g_a, g_b, dst, ti, tj, i0, j0, out_ld, out_row0, out_col0,
+            n_total, inv_w, mode)
+    hk.run(f"qcp_pairs_{name}", grid, _HOST_PAIR_BLOCK, *args)
+    hk.run(f"qcp_refine_{name}", grid, _HOST_PAIR_BLOCK, *args)
+
+
 @pytest.mark.parametrize("blocks_dtype,out_dtype", [(np.float64, np.float64), (np.float32, np.float32),
                                                     (np.float64, np.float32), (np.float32, np.float64)])
 def test_host_kernel_pairs_all_modes(host_kernels, blocks_dtype, out_dtype):
     rng = np.random.default_rng(15)
-    x = rng.normal(size=(17, 12, 3)) * 4
+    x = rng.normal(size=(41, 12, 3)) * 4
+    x[7] = x[3] @ random_rotation(rng).T  # a duplicate pair: l_max at a near-repeated root? refined or not
+    line = np.outer(np.arange(12.0), [1, 2, 0.5])
+    x[20], x[21] = line, line[::-1] * 1.01  # collinear frames: a repeated l_max, the refine kernel's case
     prec = np.dtype(blocks_dtype)
     a, g = sp._centre_frames_numpy(x, None, None)
     a = a.astype(prec)
     f, n = len(g), a.shape[1]
     twin = sp._pairwise_numpy(x, precision=prec.name, out_dtype=np.float64)
-    name = f"qcp_pairs_b{prec.itemsize * 8}_o{np.dtype(out_dtype).itemsize * 8}"
-    fn = getattr(host_kernels, name)
+    name = f"b{prec.itemsize * 8}_o{np.dtype(out_dtype).itemsize * 8}"
     tol = 1e-6 if out_dtype == np.float32 else 1e-12
-    # Resident dense matrix, symmetric schedule with mirror, tiles of 5 (both block layouts).
-    for layout in ("C", "F"):
-        dst = np.full((f, f), -1.0, dtype=out_dtype)
-        for i0, i1, j0, j1 in sp._tiles(f, f, 5, True):
-            blocks = np.asarray(a[3 * i0:3 * i1] @ a[3 * j0:3 * j1].T, order=layout)
-            arr, rs, cs = (blocks, blocks.shape[1], 1) if layout == "C" else (blocks.T, 1, blocks.shape[0])
-            arr = np.ascontiguousarray(arr)
-            mode = sp._MIRROR | (sp._UPPER_ONLY | sp._ZERO_DIAG if i0 == j0 else 0)
-            fn(_ptr(arr), _ptr(g), _ptr(g), _ptr(dst), i1 - i0, j1 - j0, rs, cs, i0, j0, f, i0, j0, f, 1.0 / n, mode)
-        np.testing.assert_allclose(dst, twin, atol=tol)
-        assert (dst == dst.T).all() and (np.diag(dst) == 0).all()
-    # Condensed.
-    cond = np.full(f * (f - 1) // 2, -1.0, dtype=out_dtype)
-    for i0, i1, j0, j1 in sp._tiles(f, f, 6, True):
-        blocks = np.ascontiguousarray(a[3 * i0:3 * i1] @ a[3 * j0:3 * j1].T)
-        fn(_ptr(blocks), _ptr(g), _ptr(g), _ptr(cond), i1 - i0, j1 - j0, blocks.shape[1], 1, i0, j0, 0, 0, 0, f,
-           1.0 / n, sp._CONDENSED)
+    # Resident dense matrix: strips of 16 rows against panels of 24 columns from the diagonal on, mirrored.
+    dst = np.full((f, f), np.nan, dtype=out_dtype)
+    for i0 in range(0, f, 16):
+        i1 = min(f, i0 + 16)
+        for p0 in range(i0, f, 24):
+            p1 = min(f, p0 + 24)
+            blocks = np.ascontiguousarray(a[3 * i0:3 * i1] @ a[3 * p0:3 * p1].T)
+            _host_pairs(host_kernels, name, blocks, p0, g, g, dst, i0, i1, p0, p1, f, i0, p0, f, 1.0 / n,
+                        sp._MIRROR | sp._UPPER_ONLY | sp._ZERO_DIAG)
+    np.testing.assert_allclose(dst, twin, atol=tol)
+    assert (dst == dst.T).all() and (np.diag(dst) == 0).all()
+    # Condensed, tiles of a panel (column offset within the panel's blocks).
+    cond = np.full(f * (f - 1) // 2, np.nan, dtype=out_dtype)
+    for i0 in range(0, f, 9):
+        i1 = min(f, i0 + 9)
+        blocks = np.ascontiguousarray(a[3 * i0:3 * i1] @ a[3 * i0:].T)
+        for j0 in range(i0, f, 9):
+            _host_pairs(host_kernels, name, blocks, i0, g, g, cond, i0, i1, j0, min(f, j0 + 9), 0, 0, 0, f, 1.0 / n,
+                        sp._CONDENSED)
     np.testing.assert_allclose(cond, twin[np.triu_indices(f, 1)], atol=tol)
-    # A streamed tile buffer (local coordinates) of an off-diagonal tile, x against y.
-    tile = np.zeros((4, 6), dtype=out_dtype)
-    blocks = np.ascontiguousarray(a[3 * 2:3 * 6] @ a[3 * 9:3 * 15].T)
-    fn(_ptr(blocks), _ptr(g), _ptr(g), _ptr(tile), 4, 6, blocks.shape[1], 1, 2, 9, 6, 0, 0, f, 1.0 / n, 0)
-    np.testing.assert_allclose(tile, twin[2:6, 9:15], atol=tol)
+    # A tile buffer (local coordinates) of an off-diagonal tile taken from the middle of a panel.
+    tile = np.full((4, 6), np.nan, dtype=out_dtype)
+    blocks = np.ascontiguousarray(a[3 * 2:3 * 6] @ a[3 * 5:3 * 30].T)
+    _host_pairs(host_kernels, name, blocks, 5, g, g, tile, 2, 6, 19, 25, 6, 0, 0, f, 1.0 / n, 0)
+    np.testing.assert_allclose(tile, twin[2:6, 19:25], atol=tol)
+    # A diagonal tile buffer, mirrored within itself (what _pairwise_tiles_cuda yields).
+    tile = np.full((9, 9), np.nan, dtype=out_dtype)
+    blocks = np.ascontiguousarray(a[3 * 18:3 * 27] @ a[3 * 18:3 * 27].T)
+    _host_pairs(host_kernels, name, blocks, 18, g, g, tile, 18, 27, 18, 27, 9, 0, 0, f, 1.0 / n,
+                sp._MIRROR | sp._UPPER_ONLY | sp._ZERO_DIAG)
+    np.testing.assert_allclose(tile, twin[18:27, 18:27], atol=tol)
+
+
+def test_host_kernel_refine_pass_is_used(host_kernels):
+    """Collinear frames put l_max at a repeated root: the main kernel leaves the sentinel, and the result
+    after the refine pass equals the twin's quaternion path (which the sentinel must never leak past)."""
+    line = np.outer(np.arange(10.0), [1, 2, 0.5])
+    x = np.stack([line, line * 1.02 + 3, line[::-1]])
+    a, g = sp._centre_frames_numpy(x, None, None)
+    blocks = np.ascontiguousarray(a @ a.T)
+    out = np.full((3, 3), np.nan)
+    args = (blocks, blocks.shape[1], 0, g, g, out, 3, 3, 0, 0, 3, 0, 0, 3, 0.1, sp._MIRROR | sp._UPPER_ONLY |
+            sp._ZERO_DIAG)
+    host_kernels.run("qcp_pairs_b64_o64", (1, 2), _HOST_PAIR_BLOCK, *args)
+    assert (out[np.triu_indices(3, 1)] == -1.0).any()  # PAIR_REFINE left for the second pass
+    host_kernels.run("qcp_refine_b64_o64", (1, 2), _HOST_PAIR_BLOCK, *args)
+    np.testing.assert_allclose(out, sp._pairwise_numpy(x, out_dtype=np.float64), atol=1e-12)
+    np.testing.assert_allclose(out, kabsch_rmsd_matrix(x, x), atol=1e-7)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -736,7 +915,14 @@ def _fake_cupy():
     cp.float64, cp.float32 = np.float64, np.float32
     cp.asarray = lambda a, dtype=None: dev(np.asarray(a, dtype=dtype))
     cp.ascontiguousarray = lambda a, dtype=None: dev(np.ascontiguousarray(a, dtype=dtype))
-    cp.empty = lambda shape, dtype=np.float64: dev(np.empty(shape, dtype=dtype))
+
+    def empty(shape, dtype=np.float64):
+        # device memory is not cleared: poison it, so that an element a kernel should write but does not shows
+        out = np.empty(shape, dtype=dtype)
+        out.fill(np.nan if out.dtype.kind == "f" else 0x5A)
+        return dev(out)
+
+    cp.empty = empty
     cp.arange = lambda *a: dev(np.arange(*a))
     cp.einsum = lambda *a, **k: dev(np.einsum(*a, **k))
     cp.matmul = lambda *a, **k: dev(np.matmul(*a, **k))
@@ -764,30 +950,34 @@ def fake_device(host_kernels, monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setitem(sys.modules, "cupyx", cupyx)
     monkeypatch.setenv("PROTGPU_GPU_MEMORY_BUDGET", str(64 << 20))
+    monkeypatch.setattr(sp, "_WARP_THREADS", 64)  # fewer host threads per block; kernels use blockDim
+    monkeypatch.setattr(sp, "_PAIR_BLOCK", _HOST_PAIR_BLOCK)  # as the host build (PAIR_BY in the defines)
     launches = []
 
     def get_kernel(name, entry, defines=None):
         assert name == "qcp" and defines == sp._qcp_defines()
         params = loader.entry_points(name)[entry]
-        return loader.KernelHandle(kernel=getattr(host_kernels, entry), name=f"{name}.{entry}", params=params)
+        return loader.KernelHandle(kernel=entry, name=f"{name}.{entry}", params=params)
 
     def launch(h, grid, block, *args, shared_mem=0, stream=None):
         assert len(args) == len(h.params), h.name
+        assert all(isinstance(v, int) and v > 0 for v in (*grid, *block)), (h.name, grid, block)
         conv = []
         for p, a in zip(h.params, args, strict=True):
             if p.pointer:
-                if a is None:
-                    conv.append(None)
-                    continue
-                assert isinstance(a, np.ndarray) and a.dtype == np.dtype(p.dtype) and a.flags.c_contiguous, p.name
-                conv.append(a.ctypes.data)
+                assert a is None or isinstance(a, _FakeDeviceArray), (h.name, p.name, type(a))
+                conv.append(None if a is None else np.asarray(a))
             else:
                 conv.append(loader._convert_arg(h, p, a).item())
-        launches.append((h.name, args[-1] if "pairs" in h.name else None))
-        h.kernel(*conv)
+        launches.append((h.name, args[-1] if "pairs" in h.name or "refine" in h.name else None))
+        host_kernels.run(h.kernel, grid, block, *conv)
 
-    def matmul(a, b):  # cuBLAS may hand back either layout: use column-major to exercise the strides
-        return np.asfortranarray(a @ b).view(_FakeDeviceArray)
+    flip = [False]
+
+    def matmul(a, b):  # row-major as cuBLAS through nvmath gives it; now and then column-major (copied)
+        flip[0] = not flip[0]
+        r = np.asarray(a) @ np.asarray(b)
+        return (np.asfortranarray(r) if flip[0] and r.shape[0] > 1 and r.shape[1] > 1 else r).view(_FakeDeviceArray)
 
     monkeypatch.setattr(pc, "get_kernel", get_kernel)
     monkeypatch.setattr(pc, "launch", launch)
@@ -814,8 +1004,8 @@ def test_fake_device_rmsd_and_superpose(fake_device, dtype):
             assert g.dtype == e.dtype
             np.testing.assert_allclose(np.asarray(g), e, atol=1e-9 if dtype == np.float64 else 2e-5)
         assert got[0][3] <= 1e-12 and abs(got[0][11] - want[0][11]) <= 1e-12
-    assert {n for n, _ in fake_device} == {f"qcp.frame_moments_{'f32' if dtype == np.float32 else 'f64'}",
-                                           "qcp.qcp_frames"}
+    sfx = "f32" if dtype == np.float32 else "f64"
+    assert {n for n, _ in fake_device} == {f"qcp.frame_moments_{sfx}", "qcp.qcp_frames", f"qcp.frame_direct_{sfx}"}
 
 
 @pytest.mark.parametrize("precision", ["float64", "float32"])
@@ -828,7 +1018,7 @@ def test_fake_device_pairwise_resident_and_streamed(fake_device, precision, monk
     tol = 1e-6
     twin = sp._pairwise_numpy(x, precision=precision, out_dtype=np.float64)
     twin_xy = sp._pairwise_numpy(x, y, precision=precision, out_dtype=np.float64)
-    for tile in (None, 8, 40):
+    for tile in (None, 8):
         # resident dense (mirrored) and condensed, and x against y
         d = sp._pairwise_cuda(x, precision=precision, tile=tile)
         np.testing.assert_allclose(d, twin, atol=tol)
@@ -846,9 +1036,13 @@ def test_fake_device_pairwise_resident_and_streamed(fake_device, precision, monk
         out_xy = np.zeros((37, 11), np.float32)
         sp._pairwise_cuda(x, y, precision=precision, tile=tile, out=out_xy)
         np.testing.assert_allclose(out_xy, twin_xy, atol=tol)
+    # several resident strips (the GPU's are >= 256 rows): strips against their later columns, mirrored
+    monkeypatch.setattr(sp, "_strip_rows", lambda f: 8)
+    np.testing.assert_allclose(sp._pairwise_cuda(x, precision=precision), twin, atol=tol)
+    np.testing.assert_allclose(sp._pairwise_cuda(x, precision=precision, condensed=True),
+                               twin[np.triu_indices(37, 1)], atol=tol)
     modes = {m for n, m in fake_device if n.startswith("qcp.qcp_pairs")}
-    assert modes == {0, sp._MIRROR, sp._MIRROR | sp._UPPER_ONLY | sp._ZERO_DIAG, sp._CONDENSED,
-                     sp._UPPER_ONLY | sp._ZERO_DIAG}
+    assert modes == {0, sp._MIRROR | sp._UPPER_ONLY | sp._ZERO_DIAG, sp._CONDENSED, sp._UPPER_ONLY | sp._ZERO_DIAG}
     # a result larger than the budget streams to the host even without out=, or is refused for device input
     z = (rng.normal(size=(120, 4, 3)) * 4).astype(np.float32)
     monkeypatch.setenv("PROTGPU_GPU_MEMORY_BUDGET", str(60_000))
@@ -912,8 +1106,9 @@ def test_fake_device_sanitizer_section(fake_device, capsys):
         sys.path.pop(0)
     assert "superpose: ok" in capsys.readouterr().out
     names = {n for n, _ in fake_device}
-    assert names == {"qcp.frame_moments_f32", "qcp.frame_moments_f64", "qcp.qcp_frames", "qcp.qcp_pairs_b64_o32",
-                     "qcp.qcp_pairs_b64_o64", "qcp.qcp_pairs_b32_o32", "qcp.qcp_pairs_b32_o64"}
+    from protgpu._cuda import loader
+
+    assert names == {f"qcp.{e}" for e in loader.entry_points("qcp")}  # every entry point, for the sanitizer
 
 
 def test_sink_mirrors_large_tiles_in_strips():

@@ -176,14 +176,13 @@ def test_pairwise_budget_streams_and_cupy_refuses(gpu, adk, monkeypatch):
     # output tiles, slack; see _gpu_tile_size): the 98 x 98 result streams to the host in 15 tiles.
     monkeypatch.setenv("PROTGPU_GPU_MEMORY_BUDGET", str(8 * (3 * f * n + 2 * f) + 96 * 24**2))
     tiles = []
-    real_tiles = sp._tiles
+    real_qcp = sp._PairPlan.qcp
 
-    def counting_tiles(*args):
-        for t in real_tiles(*args):
-            tiles.append(t)
-            yield t
+    def counting_qcp(self, blocks, p0, i0, i1, j0, j1, *rest):
+        tiles.append((i0, i1, j0, j1))
+        return real_qcp(self, blocks, p0, i0, i1, j0, j1, *rest)
 
-    monkeypatch.setattr(sp, "_tiles", counting_tiles)
+    monkeypatch.setattr(sp._PairPlan, "qcp", counting_qcp)
     np.testing.assert_allclose(pairwise_rmsd(x, device="gpu"), expect, atol=1e-6)  # streamed to host
     assert len(tiles) > 1, tiles  # 15 tiles of 24 frames with the sizes above
     with pytest.raises(MemoryBudgetError, match="out="):
@@ -191,6 +190,41 @@ def test_pairwise_budget_streams_and_cupy_refuses(gpu, adk, monkeypatch):
     out = np.zeros((98, 98), np.float32)
     pairwise_rmsd(cp.asarray(x), out=out)
     np.testing.assert_allclose(out, expect, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_pairwise_strips_many_frames(gpu, precision):
+    """More frames than one strip (_strip_rows: 256-row strips for 700 frames), odd atom count,
+    float32 and float64 frames: the resident strip schedule equals the twin and is exactly symmetric."""
+    rng = np.random.default_rng(3)
+    base = rng.normal(size=(37, 3)) * 8
+    x = base + rng.normal(size=(700, 37, 3))
+    for xx in (x.astype(np.float32), x):
+        d = sp._pairwise_cuda(xx, precision=precision, out_dtype=np.float64)
+        c = sp._pairwise_numpy(xx, precision=precision, out_dtype=np.float64)
+        np.testing.assert_allclose(d, c, atol=1e-9 if precision == "float64" else 2e-4)
+        assert (d == d.T).all() and (np.diag(d) == 0).all()
+        cond = sp._pairwise_cuda(xx, precision=precision, condensed=True, out_dtype=np.float64)
+        np.testing.assert_allclose(cond, d[np.triu_indices(700, 1)], atol=1e-12)
+
+
+@pytest.mark.parametrize("tile", [7, 64, None])
+def test_pairwise_tiles_generator(gpu, adk, tile):
+    """_pairwise_tiles_cuda (the consensus hook): upper-triangle tiles, row by row, diagonal tiles complete
+    (mirrored, zero diagonal), equal to the resident matrix; host and device input, weights and fit."""
+    cp = gpu
+    x = adk.coords[:61]
+    ca = adk.select_indices("ca")
+    masses = np.where(adk.atoms.element[ca] == "H", 1.008, 12.0)
+    for xin, kw in ((x, {"fit": ca}), (cp.asarray(x), {"fit": ca, "weights": masses})):
+        full = sp._pairwise_cuda(x, fit=ca, weights=kw.get("weights"), out_dtype=np.float64)
+        seen = []
+        for i0, i1, j0, j1, r in sp._pairwise_tiles_cuda(xin, tile=tile, out_dtype=np.float64, **kw):
+            assert isinstance(r, cp.ndarray) and r.shape == (i1 - i0, j1 - j0) and r.flags.c_contiguous
+            assert j0 >= i0
+            np.testing.assert_allclose(r.get(), full[i0:i1, j0:j1], atol=1e-12)
+            seen.append((i0, j0))
+        assert seen == [(i0, j0) for i0, _i1, j0, _j1 in sp._tiles(61, 61, tile or 61, True)]
 
 
 def test_degenerate_inputs_gpu(gpu):
@@ -232,33 +266,46 @@ def test_many_frames_rmsd(gpu):
 
 def check_superpose_for_sanitizer() -> None:
     """Every qcp.cu entry point on odd sizes (for compute-sanitizer via tests/sanitize_kernels.py),
-    each result checked against the NumPy twin."""
+    each result checked against the NumPy twin: frame_moments_* / qcp_frames / frame_direct_* (a
+    near-identical frame so that the direct pass does work), centre_frames_* (float32 and float64
+    frames, both GEMM precisions), qcp_pairs_* and qcp_refine_* (collinear frames: a repeated l_max),
+    through every schedule: resident strips, square tiles, condensed, x against y, streamed to the host,
+    and the _pairwise_tiles_cuda generator."""
     rng = np.random.default_rng(0)
     for dtype in (np.float32, np.float64):
         x = (rng.normal(size=(37, 29, 3)) * 5).astype(dtype)
         y = rng.normal(size=(29, 3)) * 5
+        x[5] = y + 3.0  # re-measured by frame_direct_*
         w = rng.uniform(0.5, 2.0, size=29)
         fit = np.arange(0, 29, 3)
-        for kw in ({}, {"fit": fit, "w_fit": w[fit]}):  # frame_moments_* with and without weights, qcp_frames
+        for kw in ({}, {"fit": fit, "w_fit": w[fit]}):
             ref = (y if "fit" not in kw else y[fit], None)
             got = sp._rmsd_cuda(x, ref, **kw, want_coords=True)
             want = sp._rmsd_numpy(x, ref, **kw, want_coords=True)
             assert np.allclose(got[0].get(), want[0], atol=1e-8), ("rmsd", dtype, kw.keys())
             assert np.allclose(got[1].get(), want[1], atol=1e-8), ("rotation", dtype, kw.keys())
-    x = (rng.normal(size=(41, 13, 3)) * 4).astype(np.float32)
-    y = (rng.normal(size=(7, 13, 3)) * 4).astype(np.float32)
-    for precision in ("float64", "float32"):  # qcp_pairs_b64_* / b32_*
-        twin = sp._pairwise_numpy(x, precision=precision, out_dtype=np.float64)
-        twin_xy = sp._pairwise_numpy(x, y, precision=precision, out_dtype=np.float64)
-        for out_dtype in (np.float32, np.float64):  # *_o32 / *_o64
-            for tile in (9, 64):
-                d = sp._pairwise_cuda(x, precision=precision, tile=tile, out_dtype=out_dtype)
-                assert np.allclose(d, twin, atol=1e-5), ("dense", precision, out_dtype, tile)
-                c = sp._pairwise_cuda(x, precision=precision, tile=tile, out_dtype=out_dtype, condensed=True)
-                assert np.allclose(c, twin[np.triu_indices(41, 1)], atol=1e-5), ("condensed", precision, tile)
-                assert np.allclose(sp._pairwise_cuda(x, y, precision=precision, tile=tile, out_dtype=out_dtype),
-                                   twin_xy, atol=1e-5), ("x-y", precision, tile)
-                out = np.zeros((41, 41), out_dtype)
-                sp._pairwise_cuda(x, precision=precision, tile=tile, out=out)
-                assert np.allclose(out, twin, atol=1e-5), ("streamed", precision, out_dtype, tile)
+            assert np.allclose(got[2].get(), want[2], atol=1e-6), ("translation", dtype, kw.keys())
+    line = np.outer(np.arange(13.0), [1, 2, 0.5])
+    for in_dtype in (np.float32, np.float64):  # centre_frames_f32_* / f64_*
+        x = (rng.normal(size=(23, 13, 3)) * 4).astype(in_dtype)
+        x[4], x[9] = line, line[::-1] * 1.02 + 1  # qcp_refine_* has work
+        y = (rng.normal(size=(7, 13, 3)) * 4).astype(in_dtype)
+        for precision in ("float64", "float32"):  # qcp_pairs_b64_* / b32_*, centre_frames_*_b64 / b32
+            twin = sp._pairwise_numpy(x, precision=precision, out_dtype=np.float64)
+            twin_xy = sp._pairwise_numpy(x, y, precision=precision, out_dtype=np.float64)
+            for out_dtype in (np.float32, np.float64):  # *_o32 / *_o64
+                d = sp._pairwise_cuda(x, precision=precision, out_dtype=out_dtype)  # resident strips, mirrored
+                assert np.allclose(d, twin, atol=1e-5), ("strips", precision, out_dtype)
+                c = sp._pairwise_cuda(x, precision=precision, tile=9, out_dtype=out_dtype, condensed=True)
+                assert np.allclose(c, twin[np.triu_indices(23, 1)], atol=1e-5), ("condensed", precision)
+                assert np.allclose(sp._pairwise_cuda(x, y, precision=precision, tile=9, out_dtype=out_dtype),
+                                   twin_xy, atol=1e-5), ("x-y", precision)
+                out = np.zeros((23, 23), out_dtype)
+                sp._pairwise_cuda(x, precision=precision, tile=9, out=out)
+                assert np.allclose(out, twin, atol=1e-5), ("streamed", precision, out_dtype)
+            seen = np.zeros((23, 23), bool)
+            for i0, i1, j0, j1, r in sp._pairwise_tiles_cuda(x, precision=precision, tile=9):
+                assert np.allclose(r.get(), twin[i0:i1, j0:j1], atol=1e-5), ("tiles", precision, i0, j0)
+                seen[i0:i1, j0:j1] = True
+            assert seen[np.triu_indices(23)].all()
     print("superpose: ok")
