@@ -4,14 +4,15 @@ arrays atomically.
 :func:`load` is the single entry point (exported as ``protgpu.load``):
 
 * PDB (``.pdb``, ``.ent``, and ``.gz`` of them) is parsed by a vectorised fixed-column NumPy reader
-  of the ATOM/HETATM/MODEL/ENDMDL records (:func:`_parse_pdb`), not by gemmi: gemmi's own reader
-  plus flattening costs about 2.5 ms for a 3.5k-atom file, this reader about 1 ms. The file's
-  bytes are cut into lines with one NumPy comparison, each field of every atom line is read with
-  one fancy index through an integer view of the bytes, and the text is decoded with array
-  arithmetic (once per distinct value for strings). It is 20-80x faster than ``mdtraj.load_pdb``
-  and Biopython's ``PDBParser`` (``benchmarks/bench_io.py``), and keeps atoms exactly in file order,
-  which a trajectory's atoms follow. Coordinates not in the standard ``%8.3f`` layout go through
-  NumPy's string-to-float conversion instead. A ``.pdb`` whose content is mmCIF is handed to gemmi.
+  of the ATOM/HETATM/MODEL/ENDMDL records (:func:`_parse_pdb`), not by gemmi (gemmi's reader plus
+  flattening costs about 2.5 ms for a 3.5k-atom file). The file's bytes are cut into lines with
+  one NumPy comparison, the atom lines become a fixed-width byte matrix (the file's own bytes when
+  the lines are consecutive and of one length, :class:`_Rows`), every field is a strided integer
+  view of it, and the text is decoded with array arithmetic (once per distinct value for names).
+  ``benchmarks/bench_io.py`` compares it with ``mdtraj.load_pdb`` and Biopython's ``PDBParser``.
+  Atoms stay exactly in file order, which a trajectory's atoms follow. Coordinates not in the
+  standard ``%8.3f`` layout go through NumPy's string-to-float conversion instead. A ``.pdb``
+  whose content is mmCIF is handed to gemmi.
 * mmCIF (``.cif``, ``.mmcif``, and ``.gz``) is read with gemmi and flattened with
   ``gemmi.FlatStructure`` (NumPy arrays, no per-atom Python).
 * Trajectories (``.xtc``, ``.dcd``, ``.trr``, ``.nc``, ``.h5``, ... anything mdtraj reads) go through
@@ -32,6 +33,7 @@ import os
 import stat
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,7 +41,15 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError
-from .structure import AMINO_ACIDS, WATER_RESNAMES, AtomTable, Structure, guess_elements, standardize_resnames
+from .structure import (
+    AMINO_ACIDS,
+    NONSTANDARD_RESNAMES,
+    WATER_RESNAMES,
+    AtomTable,
+    Structure,
+    guess_elements,
+    standardize_resnames,
+)
 
 __all__ = [
     "PDB_EXTENSIONS",
@@ -214,12 +224,21 @@ def _check_file(path: Path) -> None:
 
 
 def _read_bytes(path: Path, gz: bool) -> bytes:
+    """The file's bytes (gunzipped when ``gz``); a missing, unreadable or empty file, or a directory,
+    raises the same InputError as :func:`_check_file` (no separate stat call on the way)."""
     name = str(path)
     try:
-        with open(path, "rb") as fh:
+        # unbuffered: FileIO reads the whole file straight into the bytes object (a buffered
+        # reader adds a copy through its own buffer)
+        with open(path, "rb", buffering=0) as fh:
             data = fh.read()
+    except FileNotFoundError:
+        raise InputError(f"{name}: no such file") from None
     except OSError as exc:
+        _check_file(path)  # a directory (IsADirectoryError, or PermissionError on Windows) ...
         raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
+    if not data:
+        raise InputError(f"{name}: file is empty")
     if gz:
         try:
             data = gzip.decompress(data)
@@ -231,12 +250,12 @@ def _read_bytes(path: Path, gz: bool) -> bytes:
 
 
 def _load_path(path: Path, *, top, altloc: str, model, frames):
-    _check_file(path)
     ext, gz = _split_ext(path)
     name = str(path)
     if ext in PDB_EXTENSIONS:
-        data = _read_bytes(path, gz)
+        data = _read_bytes(path, gz)  # checks the file as _check_file does
         return _parse_pdb(data, name, altloc=altloc, model=model, path=path), False
+    _check_file(path)
     if ext in MMCIF_EXTENSIONS:
         return _read_mmcif(path, name, altloc=altloc, model=model), False
     if not gz and (ext in TRAJECTORY_EXTENSIONS or ext in _MDTRAJ_SELF_CONTAINED or ext in _mdtraj_exts()):
@@ -263,163 +282,391 @@ _REC_ATOM = int(np.frombuffer(b"ATOM", dtype="<u4")[0])
 _REC_HETA = int(np.frombuffer(b"HETA", dtype="<u4")[0])
 _REC_MODE = int(np.frombuffer(b"MODE", dtype="<u4")[0])
 _REC_ENDM = int(np.frombuffer(b"ENDM", dtype="<u4")[0])
-_COORD_WEIGHTS = np.array([1e6, 1e5, 1e4, 1e3, 0.0, 1e2, 1e1, 1.0], dtype=np.float32)
 _RESID_WEIGHTS = np.array([1000, 100, 10, 1], dtype=np.int32)
-_UINT = {1: np.uint8, 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+_UINT = {1: np.dtype(np.uint8), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+_BLANKS = {w: int.from_bytes(b" " * w, "little") for w in _UINT}
+# More blocks than this and the rows are gathered byte by byte instead (a Python step per block).
+_MAX_BLOCKS = 64
 
 
-class _Columns:
-    """Fixed-column fields of PDB lines read straight from the file's bytes.
+_SCRATCH = threading.local()
 
-    For each width w in (1, 2, 4, 8) a zero-copy unsigned-integer view of the text starts at *every*
-    byte offset (NumPy allows unaligned strides), so the field at columns ``c:c+w`` of all atom lines
-    is one fancy index ``view[line_start + c]``: no (atoms, 80) character matrix is built, and the
-    integer keys are cheap to compare, make unique and decode.
+
+def _scratch(name: str, size: int, dtype) -> np.ndarray:
+    """A per-thread work array of at least ``size`` elements, kept between calls.
+
+    Temporaries of more than 128 KiB are mmap'ed by malloc and so come as fresh pages on every
+    call; when other work (mdtraj, Biopython) runs between loads even smaller ones do, once the heap
+    has been trimmed. A page fault costs microseconds (about 4 us each on the benchmark VMs), which
+    for a 400 kB file added up to more than the parsing; the hot loops therefore work in blocks
+    through these kept arrays (``out=``) instead of allocating.
+    """
+    arrays = _SCRATCH.__dict__
+    a = arrays.get(name)
+    if a is None or a.shape[0] < size:
+        a = arrays[name] = np.empty(size, dtype=dtype)
+    return a[:size]
+
+
+# Bytes of text scanned for newlines per block (see _scratch).
+_SCAN_BLOCK = 1 << 16
+
+
+def _newlines(buf: np.ndarray) -> np.ndarray:
+    """Positions of the newline bytes of ``buf``, int64, found a block at a time."""
+    if buf.shape[0] <= _SCAN_BLOCK:
+        return np.flatnonzero(np.equal(buf, 10, out=_scratch("scan", buf.shape[0], bool)))
+    found = []
+    for a in range(0, buf.shape[0], _SCAN_BLOCK):
+        block = buf[a : a + _SCAN_BLOCK]
+        hits = np.flatnonzero(np.equal(block, 10, out=_scratch("scan", block.shape[0], bool)))
+        hits += a
+        found.append(hits)
+    return np.concatenate(found)
+
+
+class _Rows:
+    """Columns 1-80 of the atom lines as one (n, W) byte matrix; fields are strided views of it.
+
+    Every PDB field is a fixed column range, so with the lines at a constant stride W the field at
+    columns ``c:c+w`` of all lines is a zero-copy view ``np.ndarray(offset=c, strides=(W,))`` read
+    as one unsigned integer per line. Fancy-indexing the text at each line start instead costs
+    about 9 ns per element for an unaligned multi-byte dtype, several times a strided read.
+
+    The matrix is copied out of the text in blocks: atom lines at one constant distance from each
+    other (the ATOM lines between two TER/MODEL records, or ATOM lines interleaved with ANISOU) are
+    one strided 2-D view of the text, copied by one assignment (a plain memcpy when they are
+    consecutive lines). Lines shorter than W - 1, and all lines when there are more than
+    ``_MAX_BLOCKS`` blocks, are gathered byte by byte and padded with blanks. Columns past every
+    line's end (W - 1 < 80) read as blanks.
     """
 
-    def __init__(self, data: bytes):
-        self.data = data
-        self.size = len(data)
-        self._views: dict[int, np.ndarray] = {}
+    def __init__(self, buffer, base: int, stride: int, n: int, width: int):
+        self.buffer = buffer  # the file's bytes, or a private copy of the rows
+        self.base = base  # offset of row 0 in buffer
+        self.stride = stride  # bytes from one row to the next (>= width)
+        self.n = n
+        self.width = width
+        self.matrix = np.ndarray((n, width), np.uint8, buffer=buffer, offset=base, strides=(stride, 1))
 
-    def view(self, width: int) -> np.ndarray:
-        v = self._views.get(width)
-        if v is None:
-            v = np.ndarray(shape=(self.size - width + 1,), dtype=_UINT[width], buffer=self.data, strides=(1,))
-            self._views[width] = v
+    @classmethod
+    def empty(cls, n: int, width: int) -> _Rows:
+        # 80 spare bytes: a field view of the last row may reach column 80 (masked to blanks below)
+        return cls(np.empty(n * width + 80, dtype=np.uint8), 0, width, n, width)
+
+    @classmethod
+    def from_text(
+        cls, data: bytes, buf: np.ndarray, s: np.ndarray, lengths: np.ndarray, shortest: int, longest: int
+    ) -> _Rows:
+        n = s.shape[0]
+        w = min(longest, 80) + 1
+        if shortest == longest:
+            stride = longest + 1
+            if s[-1] - s[0] == (n - 1) * stride and int(s[-1]) + 80 <= len(data):
+                # Consecutive lines of one length (lines at least stride apart, and n - 1 gaps
+                # that add up to exactly that): the text itself is the matrix, nothing is copied.
+                return cls(data, int(s[0]), stride, n, w)
+            # Runs of consecutive atom lines (between TER, MODEL/ENDMDL, CONECT ... records) are
+            # copied next to each other into a kept work array: one copy per run, no Python step
+            # per row.
+            brk = np.flatnonzero(np.diff(s) != stride)
+            if brk.size < _MAX_BLOCKS:
+                begin = [int(s[0])] + (s[brk + 1]).tolist()
+                end = (s[brk] + stride).tolist() + [int(s[-1]) + stride]
+                text = _scratch("rows", n * stride + 80, np.uint8)
+                at = 0
+                for a, b in zip(begin, end, strict=True):
+                    text[at : at + b - a] = buf[a:b]
+                    at += b - a
+                text[at:] = 32  # 80 blanks after the last row: a field view may read up to column 80
+                return cls(text, 0, stride, n, w)
+        rows = cls.empty(n, w)
+        w = rows.width
+        full = lengths >= w - 1
+        short = None if full.all() else ~full
+        if n > 1:
+            d = np.diff(s)
+            # block starts: row 0, and row i + 1 wherever the distance to the next line changes
+            cut = np.empty(n, dtype=bool)
+            cut[0], cut[1] = True, False
+            np.not_equal(d[1:], d[:-1], out=cut[2:])
+            if short is not None:  # short lines are gathered on their own
+                cut |= short
+                cut[1:] |= short[:-1]
+            first = np.flatnonzero(cut)
+        else:
+            d, first = None, np.zeros(1, dtype=np.int64)
+        if first.size > _MAX_BLOCKS:
+            rows.matrix[:] = _gather_rows(buf, s, lengths, w)
+            return rows
+        bounds = first.tolist() + [n]
+        starts = s[first].tolist()
+        strides = d[first[first < n - 1]].tolist() if d is not None else []
+        for k in range(first.size):
+            a, e = bounds[k], bounds[k + 1]
+            if short is not None and short[a]:
+                continue
+            stride = strides[k] if e - a > 1 else w
+            rows.matrix[a:e] = np.ndarray((e - a, w), np.uint8, buffer=data, offset=starts[k], strides=(stride, 1))
+        if short is not None:
+            idx = np.flatnonzero(short)
+            rows.matrix[idx] = _gather_rows(buf, s[idx], lengths[idx], w)
+        return rows
+
+    def take(self, index: np.ndarray) -> _Rows:
+        sub = self.matrix[index]
+        out = _Rows.empty(sub.shape[0], self.width)
+        out.matrix[:] = sub
+        return out
+
+    def get(self, col: int, width: int, n: int | None = None) -> np.ndarray:
+        """Columns col:col+width of the first ``n`` rows (all by default), one uint per row, a view."""
+        n = self.n if n is None else n
+        dtype = _UINT[width]
+        last = self.width - 1  # columns >= last are past the end of every line
+        if col >= last:
+            return np.full(n, _BLANKS[width], dtype=dtype)
+        v = np.ndarray((n,), dtype, buffer=self.buffer, offset=self.base + col, strides=(self.stride,))
+        if col + width > last:
+            keep = (1 << (8 * (last - col))) - 1
+            v = (v & dtype.type(keep)) | dtype.type(_BLANKS[width] & ~keep)
         return v
 
-    def get(self, starts: np.ndarray, col: int, width: int, lengths: np.ndarray | None = None) -> np.ndarray:
-        """Field at columns col:col+width of the lines starting at ``starts``, one integer per line.
-
-        Bytes past a line's end (``lengths`` given and shorter than col+width) read as blanks.
-        """
-        pos = starts + col
-        if lengths is None or (lengths >= col + width).all():
-            return self.view(width)[pos]
-        out = np.full(starts.shape[0], int.from_bytes(b" " * width, "little"), dtype=_UINT[width])
-        full = lengths >= col + width
-        out[full] = self.view(width)[pos[full]]
-        part = np.flatnonzero(~full & (lengths > col))
-        if part.size:
-            raw = np.full((part.size, width), 32, dtype=np.uint8)
-            buf = self.view(1)
-            for k in range(width):
-                inside = lengths[part] > col + k
-                raw[inside, k] = buf[pos[part[inside]] + k]
-            out[part] = raw.view(_UINT[width]).ravel()
+    def columns(self, col: int, width: int, index: np.ndarray) -> np.ndarray:
+        """Bytes of columns col:col+width of the rows ``index``, shape (len(index), width) uint8."""
+        out = self.matrix[index, col : col + width]
+        if out.shape[1] < width or col + width > self.width - 1:
+            pad = np.full((out.shape[0], width), 32, dtype=np.uint8)
+            keep = max(0, min(width, self.width - 1 - col))
+            pad[:, :keep] = out[:, :keep]
+            out = pad
         return out
 
 
-def _decode_rows(raw: np.ndarray, upper: bool = False, strip: bool = True) -> np.ndarray:
-    """Rows of bytes, shape (k, w) uint8, to a '<Uw' str array without a Python loop.
+def _gather_rows(buf: np.ndarray, s: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
+    """Rows of ``width`` bytes at the line starts ``s``, blank past each line's length."""
+    cols = np.arange(width)
+    idx = s[:, None] + cols
+    np.minimum(idx, buf.shape[0] - 1, out=idx)
+    rows = buf[idx]
+    rows[cols >= lengths[:, None]] = 32
+    return rows
 
-    A '<Uw' string is w UCS-4 code points, and latin-1 maps byte b to code point b, so the bytes are
-    widened to uint32 and viewed as strings; NUL code points at the end do not count. Stripping
-    moves each row left past its leading blanks and zeroes its trailing blanks (like ``str.strip``
-    for the blanks and NULs a PDB column holds).
+
+def _strip_keys(keys: np.ndarray, width: int) -> np.ndarray:
+    """Fixed-width text fields held as unsigned integers (first character in the low byte) to a
+    '<U{width}' array, blanks and NULs stripped from both ends as ``str.strip`` does.
+
+    Word arithmetic on one integer per field, no Python loop: leading blanks are shifted out
+    (at most width - 1 steps, stopping when no field has one), then trailing blanks zeroed from
+    the top byte down; a '<U' string ends at its first trailing NUL, so the zeroed bytes vanish
+    when the bytes are widened to UCS-4 code points and viewed as strings.
     """
-    k, w = raw.shape
-    cp = raw.astype(np.uint32)
-    if upper:
-        cp -= ((cp >= 97) & (cp <= 122)).astype(np.uint32) * 32
-    if strip and k:
-        cols = np.arange(w)
-        blank = (cp == 32) | (cp == 0)
-        lead = np.argmin(blank, axis=1)  # first non-blank (0 when the row is all blank)
-        src = cols + lead[:, None]
-        cp = np.take_along_axis(cp, np.minimum(src, w - 1), axis=1)
-        cp[src >= w] = 0
-        blank = (cp == 32) | (cp == 0)
-        last = w - 1 - np.argmin(blank[:, ::-1], axis=1)  # last non-blank
-        cp[(cols > last[:, None]) | blank.all(axis=1)[:, None]] = 0
-    return np.ascontiguousarray(cp).view(f"<U{w}").ravel()
+    dtype = _UINT[width]
+    k = np.ascontiguousarray(keys, dtype=dtype)
+    low, blank = dtype.type(0xFF), dtype.type(0x20)
+    for _ in range(width - 1):
+        lead = ((k | blank) & low) == blank  # first byte is a blank or NUL
+        if not lead.any():
+            break
+        k = np.where(lead, k >> dtype.type(8), k)
+    for byte in range(width - 1, -1, -1):
+        shift = dtype.type(8 * byte)
+        top = ((k >> shift) | blank) == blank  # byte is a blank/NUL and nothing follows it
+        if top.any():
+            k = np.where(top, k & dtype.type((1 << (8 * byte)) - 1), k)
+    return _widen(k, width)
 
 
-def _decode_table(keys: np.ndarray, width: int, upper: bool = False, strip: bool = True):
-    """Distinct integer field keys (see :class:`_Columns`) decoded to str.
+def _widen(keys: np.ndarray, width: int) -> np.ndarray:
+    """Integer-held text fields to '<U{width}' as they are (latin-1: byte b is code point b)."""
+    raw = np.ascontiguousarray(keys, dtype=_UINT[width]).view(np.uint8).reshape(-1, width)
+    return raw.astype(np.uint32).view(f"<U{width}").ravel()
+
+
+def _distinct_text(keys: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct values of integer-held text fields, decoded (stripped) once each.
+
+    Atom names, residue names and segment ids take few distinct values, so sorting the keys
+    (a few microseconds for thousands of 4-byte integers) and decoding the distinct ones in Python
+    costs less than word arithmetic on every field; many distinct values go through
+    :func:`_strip_keys` instead.
 
     Returns
     -------
-    table : np.ndarray of str, shape (k,)
-    inverse : np.ndarray of intp, shape (n,), or None when all keys are equal (k == 1)
+    uniq : np.ndarray of uint, shape (k,)
+        Sorted distinct keys.
+    text : np.ndarray of '<U{width}', shape (k,)
+        Their stripped text.
+    inverse : np.ndarray of intp, shape (n,)
+        ``text[inverse]`` is the text of every field.
     """
-    if (keys == keys[0]).all():  # one segid/chain for the whole file is the common case
-        uniq, inverse = keys[:1], None
+    n = keys.shape[0]
+    srt = np.sort(keys)
+    new = np.empty(n, dtype=bool)
+    new[:1] = True
+    np.not_equal(srt[1:], srt[:-1], out=new[1:])
+    uniq = srt[new]
+    if uniq.size > 256:
+        text = _strip_keys(uniq, width)
     else:
-        uniq = np.unique(keys)  # hash-based in NumPy >= 2.3; a binary search gives the inverse
-        inverse = np.searchsorted(uniq, keys)
-    raw = np.ascontiguousarray(uniq).view(np.uint8).reshape(-1, width)
-    return _decode_rows(raw, upper=upper, strip=strip), inverse
+        # 'S' tolist drops trailing NULs; strip the rest as _strip_keys does (blanks and NULs)
+        text = np.array(
+            [b.strip(b" \x00").decode("latin-1") for b in uniq.view(f"S{width}").tolist()], dtype=f"<U{width}"
+        )
+    return uniq, text, np.searchsorted(uniq, keys)
 
 
-def _expand(table: np.ndarray, inverse: np.ndarray | None, n: int) -> np.ndarray:
-    return np.full(n, table[0], dtype=table.dtype) if inverse is None else table[inverse]
+def _text_of(key, width: int) -> str:
+    """One integer-held field as stripped text (see :func:`_strip_keys`)."""
+    return int(key).to_bytes(width, "little").strip(b" \x00").decode("latin-1")
 
 
-def _decode_keys(
-    keys: np.ndarray, width: int, upper: bool = False, strip: bool = True, spread: np.ndarray | None = None
-) -> np.ndarray:
-    """Integer field keys back to a str array, decoding each distinct value once.
+def _char_table() -> np.ndarray:
+    """'<U1' text of each byte value for one-column fields (chain, insertion code); blank/NUL -> ''."""
+    table = np.arange(256, dtype=np.uint32)
+    table[[0, 32]] = 0
+    return table.view("<U1")
 
-    With ``spread`` (an index array into ``keys``, e.g. each atom's residue) the result is
-    ``decoded[spread]``, built without the intermediate array.
+
+_CHAR = _char_table()
+
+
+def _char_column(keys: np.ndarray) -> np.ndarray:
+    """One-column field (uint8 per row) to '<U1'; a column with one value (the usual chain or
+    insertion code of a file) costs a comparison instead of a lookup per row."""
+    first = keys[0]
+    if (keys == first).all():
+        return np.full(keys.shape[0], _CHAR[first], dtype="<U1")
+    return _CHAR[keys]
+_ELEMENTS: tuple[np.ndarray, np.ndarray] | None = None
+
+
+def _element_table() -> tuple[np.ndarray, np.ndarray]:
+    """Element symbol ('<U2') and validity of every 2-byte value of columns 77-78, built once.
+
+    The text is upper-cased and stripped; a valid symbol is one or two letters, anything else
+    (blank, digits) means "guess it from the atom name". One lookup per atom then replaces the
+    per-file decoding.
     """
-    if keys.shape[0] == 0:
-        return np.zeros(0, dtype=f"<U{width}")
-    table, inverse = _decode_table(keys, width, upper=upper, strip=strip)
-    if spread is None:
-        return _expand(table, inverse, keys.shape[0])
-    return _expand(table, None if inverse is None else inverse[spread], spread.shape[0])
+    global _ELEMENTS
+    if _ELEMENTS is None:
+        b = np.arange(65536, dtype=np.uint32).view(np.uint8).reshape(-1, 4)[:, :2].astype(np.uint32)
+        b -= ((b >= 97) & (b <= 122)) * np.uint32(32)
+        blank = (b == 32) | (b == 0)
+        lead = blank[:, 0]  # " C" -> "C"
+        b[lead, 0], b[lead, 1] = b[lead, 1], 0
+        blank = (b == 32) | (b == 0)
+        b[blank[:, 1], 1] = 0
+        b[blank[:, 0] & (b[:, 1] == 0), 0] = 0
+        letter = (b >= 65) & (b <= 90)
+        valid = letter[:, 0] & (letter[:, 1] | (b[:, 1] == 0))
+        _ELEMENTS = (np.ascontiguousarray(b).view("<U2").ravel(), valid)
+    return _ELEMENTS
 
 
-def _parse_coords(fields: np.ndarray, line_no: np.ndarray, name: str) -> np.ndarray:
-    """Coordinate fields (columns 31-54) as three uint64 per atom, shape (n, 3) -> (n, 3) float32.
+def _parse_coords(rows: _Rows, line_no, name: str) -> np.ndarray:
+    """Coordinates (columns 31-38, 39-46, 47-54) of every row, shape (rows, 3) float32.
+
+    The three fields of each row are read as one uint64 each (first column in the low byte) and
+    decoded ``_COORD_CHUNK`` fields at a time by :func:`_parse_coord_fields`, whose temporaries
+    are kept per-thread work arrays (see :func:`_scratch`).
+
+    Parameters
+    ----------
+    line_no : callable
+        ``line_no(i)``: file line number of row i, for the error message.
+    """
+    n = rows.n
+    words = _scratch("coord_words", 3 * n, np.uint64).reshape(n, 3)
+    for k in range(3):
+        words[:, k] = rows.get(30 + 8 * k, 8)
+    flat = words.reshape(-1)
+    out = np.empty(flat.shape[0], dtype=np.float32)
+    for a in range(0, flat.shape[0], _COORD_CHUNK):
+        _parse_coord_fields(flat[a : a + _COORD_CHUNK], out[a : a + _COORD_CHUNK], a, line_no, name)
+    return out.reshape(n, 3)
+
+
+# Fields decoded per pass (four work arrays of 128 KiB). Smaller passes keep the work arrays in
+# cache but cost more NumPy calls, which is the dearer side when other work has run in between
+# (as in the benchmark, where mdtraj and Biopython run between loads).
+_COORD_CHUNK = 16384
+
+
+def _parse_coord_fields(words: np.ndarray, out: np.ndarray, first: int, line_no, name: str) -> None:
+    """Coordinate fields, one uint64 each (shape (m,), contiguous), to float32 in ``out``.
 
     Fast path: when every 8-column field has the standard ``%8.3f`` form (blanks, an optional minus,
     digits, a point in the fifth column, three decimals) the digits are decoded with integer
-    arithmetic and one small matrix product. That is exact (thousandths below 1e7 fit float32's
-    24-bit mantissa) and equals ``float(text)`` rounded to float32. The form is checked with
-    whole-array byte comparisons read back eight at a time as uint64. Anything else (other decimal
-    counts, ``nan``) goes through NumPy's string-to-float conversion, which reports the bad line.
+    arithmetic: exact (thousandths below 1e7), then divided by 1000 in float64 and rounded to
+    float32, which equals ``float(text)`` rounded to float32. The form is checked with whole-array
+    byte comparisons read back eight at a time as uint64. Anything else (other decimal counts,
+    ``nan``) goes through NumPy's string-to-float conversion, which reports the bad line
+    (``first`` is the index of ``words[0]`` among all fields, three per row).
     """
-    n = fields.shape[0]
-    f = np.ascontiguousarray(fields).view(np.uint8).reshape(n * 3, 8)
-    d = f - np.uint8(48)  # wraps for non-digits, so "d < 10" means "is a digit"
-    isdig = d < 10
-    dig = isdig.view("<u8").ravel()
-    dot = (f == 46).view("<u8").ravel()
-    minus = (f == 45).view("<u8").ravel()
-    blank = (f == 32).view("<u8").ravel()
-    if (
-        n
-        and (dot == _DOT_AT_4).all()
-        and ((dig & _DIGITS_5_7) == _DIGITS_5_7).all()
-        and ((dig | dot | minus | blank) == _ALL_BYTES).all()
-    ):
+    m = words.shape[0]
+    f = words.view(np.uint8).reshape(m, 8)
+    # work arrays of 8 bytes per field, reused below under other names
+    sign_b = _scratch("coord_a", 8 * m, bool).reshape(m, 8)
+    flag_b = _scratch("coord_b", 8 * m, bool).reshape(m, 8)
+    d = _scratch("coord_c", 8 * m, np.uint8).reshape(m, 8)
+    form = _scratch("coord_d", m, np.uint64)
+    # byte flags (0/1), read back as one uint64 per field: digits anywhere, blank or minus in the
+    # first four columns, the point (flag 2) in the fifth; one comparison with a valid field's
+    sign = np.equal(f, np.uint8(45), out=sign_b).view("<u8").ravel()
+    flag = flag_b.view("<u8").ravel()
+    np.equal(f, np.uint8(32), out=flag_b)
+    np.bitwise_or(sign, flag, out=form)
+    form &= _FIRST_4
+    np.equal(f, np.uint8(46), out=flag_b)
+    flag <<= np.uint64(1)
+    form |= flag
+    np.subtract(f, np.uint8(48), out=d)  # wraps for non-digits, so "d < 10" means "is a digit"
+    isdig = np.less(d, np.uint8(10), out=flag_b)
+    form |= flag
+    if np.array_equal(form, np.broadcast_to(_FORM, form.shape)):
         d *= isdig
-        value = d.astype(np.float32) @ _COORD_WEIGHTS
-        value[minus != 0] *= -1
-        return (value.astype(np.float64) / 1000.0).astype(np.float32).reshape(n, 3)
+        # Digits to numbers inside each uint64 (first column in the low byte): pairs of bytes, then
+        # pairs of 16-bit lanes; the integer part lands in lane 0, the thousandths in lane 2.
+        v = d.view("<u8").ravel()
+        low = np.right_shift(v, np.uint64(8), out=form)
+        v *= np.uint64(10)
+        v += low
+        v &= np.uint64(0x00FF00FF00FF00FF)
+        np.right_shift(v, np.uint64(16), out=low)
+        v *= np.uint64(100)
+        v += low
+        v &= np.uint64(0x0000FFFF0000FFFF)
+        # integer part * 1000 + thousandths, in the low 32 bits (the high half is not read)
+        np.right_shift(v, np.uint64(32), out=low)
+        v *= np.uint64(1000)
+        v += low
+        # the sign goes into the divisor (-1000 or 1000): a masked negate is a slow branchy loop
+        # (half the coordinates are negative, at random). The division runs in float64 and is
+        # rounded once to float32 on the way into ``out``.
+        divisor = np.multiply(np.not_equal(sign, 0, out=isdig[:, 0]), -2000.0, out=form.view(np.float64))
+        divisor += 1000.0
+        np.divide(v.view("<u4")[::2], divisor, out=out, casting="same_kind")
+        return
     text = f.view("S8").ravel()
     try:
-        return text.astype(np.float64).astype(np.float32).reshape(n, 3)
+        out[:] = text.astype(np.float64)
     except ValueError:
         for i, v in enumerate(text.tolist()):
             try:
                 float(v)
             except ValueError:
                 raise InputError(
-                    f"{name}: line {line_no[i // 3]}: bad coordinate {v.decode('latin-1').strip()!r} "
+                    f"{name}: line {line_no((first + i) // 3)}: bad coordinate {v.decode('latin-1').strip()!r} "
                     "in columns 31-54"
                 ) from None
         raise  # pragma: no cover - one field must have failed
 
 
-# Bit patterns over the 8 bytes of one "%8.3f" field viewed as a little-endian uint64 of 0/1 flags.
-_DOT_AT_4 = np.uint64(1 << 32)
-_DIGITS_5_7 = np.uint64(0x0101010000000000)
-_ALL_BYTES = np.uint64(0x0101010101010101)
+# Byte patterns of a valid "%8.3f" field, as the uint64 of per-byte flags (first column lowest).
+_FIRST_4 = np.uint64(0x0000000001010101)
+_FORM = np.uint64(0x0101010201010101)
 
 
 def _hybrid36(text: str) -> int | None:
@@ -443,7 +690,7 @@ def _hybrid36(text: str) -> int | None:
 def _parse_resid(keys: np.ndarray, line_no: np.ndarray, name: str) -> np.ndarray:
     """Residue-number fields (columns 23-26) as uint32 keys, shape (n,) -> (n,) int32."""
     n = keys.shape[0]
-    rb = np.ascontiguousarray(keys).view(np.uint8).reshape(n, 4)
+    rb = np.ascontiguousarray(keys, dtype="<u4").view(np.uint8).reshape(n, 4)
     d = rb - np.uint8(48)
     isdig = d < 10
     if n and (isdig | (rb == 32) | (rb == 45)).all() and isdig[:, 3].all():
@@ -454,7 +701,7 @@ def _parse_resid(keys: np.ndarray, line_no: np.ndarray, name: str) -> np.ndarray
     uniq = np.unique(keys)
     inverse = np.searchsorted(uniq, keys)
     values = []
-    for k, r in enumerate(np.ascontiguousarray(uniq).view(np.uint8).reshape(-1, 4)):
+    for k, r in enumerate(np.ascontiguousarray(uniq, dtype="<u4").view(np.uint8).reshape(-1, 4)):
         v = _hybrid36(bytes(r).decode("latin-1"))
         if v is None:
             row = int(np.flatnonzero(inverse == k)[0])
@@ -465,12 +712,9 @@ def _parse_resid(keys: np.ndarray, line_no: np.ndarray, name: str) -> np.ndarray
     return np.asarray(values, dtype=np.int32)[inverse]
 
 
-def _parse_occupancy(cols: _Columns, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Columns 55-60 as float64; a missing or unreadable occupancy reads 0 (it never wins)."""
-    idx = starts[:, None] + np.arange(54, 60)
-    raw = cols.view(1)[np.minimum(idx, cols.size - 1)]
-    raw[np.arange(54, 60)[None, :] >= lengths[:, None]] = 32
-    text = raw.view("S6").ravel()
+def _parse_occupancy(raw: np.ndarray) -> np.ndarray:
+    """Columns 55-60, (n, 6) bytes, as float64; a missing or unreadable occupancy reads 0 (it never wins)."""
+    text = np.ascontiguousarray(raw).view("S6").ravel()
     try:
         return text.astype(np.float64)
     except ValueError:
@@ -481,8 +725,6 @@ def _parse_occupancy(cols: _Columns, starts: np.ndarray, lengths: np.ndarray) ->
             except ValueError:
                 pass
         return out
-
-
 def _altloc_keep(group: np.ndarray, name_key: np.ndarray, has_alt: np.ndarray, occupancy, mode: str) -> np.ndarray:
     """Boolean keep-mask resolving alternate locations atom by atom.
 
@@ -554,9 +796,9 @@ def _check_model_atoms(keys: np.ndarray, n_models: int, model_numbers: list[int]
 def _parse_pdb(data: bytes, name: str, *, altloc: str, model, path: Path | None = None) -> Structure:
     """Parse PDB text into a Structure (every model a frame). See :func:`load` for the rules.
 
-    Vectorised: lines are found with one comparison over the bytes, and every field of every atom
-    line is read with one fancy index through :class:`_Columns`; Python loops run only over
-    distinct values (atom names, residue names) and MODEL records.
+    Vectorised: lines are found with one comparison over the bytes, the atom lines are copied into
+    a fixed-width byte matrix (:class:`_Rows`) and every field is a strided integer view of it;
+    Python loops run only over blocks of lines and MODEL records.
     """
     if _looks_like_mmcif(data):
         # mmCIF saved as .pdb: its atom_site loop lines also start with ATOM, so decide first.
@@ -565,29 +807,30 @@ def _parse_pdb(data: bytes, name: str, *, altloc: str, model, path: Path | None 
         return _read_mmcif(path, name, altloc=altloc, model=model)
     if b"\r" in data:
         data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-    cols = _Columns(data)
-    size = cols.size
-    nl = np.flatnonzero(cols.view(1) == 10)
-    starts = np.empty(nl.shape[0] + 1, dtype=np.int64)
+    if not data.endswith(b"\n"):
+        data += b"\n"  # so that every line, the last one too, ends at a newline
+    size = len(data)
+    if size < 5:
+        raise InputError(f"{name}: no ATOM/HETATM records found (not a PDB file?)")
+    buf = np.frombuffer(data, dtype=np.uint8)
+    ends = _newlines(buf)  # line i is data[starts[i]:ends[i]]
+    starts = np.empty_like(ends)
     starts[0] = 0
-    starts[1:] = nl + 1
-    if starts[-1] >= size:  # text ends with a newline: no line after it
-        starts = starts[:-1]
+    starts[1:] = ends[:-1] + 1
     # Record names: the first four bytes of every line. A line shorter than four bytes reads its
-    # newline, so it can never match ATOM/HETA/MODE/ENDM.
-    rec = cols.view(4)[np.minimum(starts, size - 4)] if size >= 4 else np.zeros(starts.shape[0], "<u4")
+    # newline, so it can never match ATOM/HETA/MODE/ENDM; a short last line is read from size - 4.
+    at = starts if starts[-1] <= size - 4 else np.minimum(starts, size - 4)
+    rec = np.ndarray((size - 3,), dtype="<u4", buffer=data, strides=(1,))[at]
     is_het = rec == _REC_HETA
     atom_lines = np.flatnonzero((rec == _REC_ATOM) | is_het)
     if atom_lines.size == 0:
         raise InputError(f"{name}: no ATOM/HETATM records found (not a PDB file?)")
 
     s = starts[atom_lines]
-    # a line ends at the next newline (or the end of the text)
-    ends = np.append(nl, size)[atom_lines] if nl.size == starts.size - 1 else nl[atom_lines]
-    lengths = ends - s
-    short = np.flatnonzero(lengths < 54)
-    if short.size:
-        i = int(short[0])
+    lengths = ends[atom_lines] - s
+    shortest, longest = int(lengths.min()), int(lengths.max())
+    if shortest < 54:
+        i = int(np.argmax(lengths < 54))
         raise InputError(
             f"{name}: line {atom_lines[i] + 1}: truncated ATOM/HETATM record ({lengths[i]} characters; "
             "coordinates need 54)"
@@ -610,137 +853,159 @@ def _parse_pdb(data: bytes, name: str, *, altloc: str, model, path: Path | None 
         model_numbers = numbers[: int(model_id[-1]) + 1]
     else:
         endm = np.flatnonzero(rec == _REC_ENDM)
-        model_id = np.searchsorted(endm, atom_lines) if endm.size else np.zeros(atom_lines.size, np.int64)
-        model_numbers = list(range(1, int(model_id[-1]) + 2))
+        if endm.size and endm[0] < atom_lines[-1]:
+            model_id = np.searchsorted(endm, atom_lines)
+            model_numbers = list(range(1, int(model_id[-1]) + 2))
+        else:  # one model (an ENDMDL after the last atom ends it)
+            model_id, model_numbers = None, [1]
 
-    name_key = cols.get(s, 12, 4)
-    has_alt = cols.view(1)[s + 16] != 32
+    rows = _Rows.from_text(data, buf, s, lengths, shortest, longest)
+    has_alt = rows.get(16, 1) != 32
     keep = None
     if has_alt.any():
         # Altlocs of one atom share model, chain, residue number, insertion code (cols 22-27) and name.
-        key_a, key_b = cols.get(s, 21, 4), cols.get(s, 25, 2)
+        key_a, key_b = rows.get(21, 4), rows.get(25, 2)
         change = np.ones(s.shape[0], dtype=bool)
-        change[1:] = (key_a[1:] != key_a[:-1]) | (key_b[1:] != key_b[:-1]) | (model_id[1:] != model_id[:-1])
+        change[1:] = (key_a[1:] != key_a[:-1]) | (key_b[1:] != key_b[:-1])
+        if model_id is not None:
+            change[1:] |= model_id[1:] != model_id[:-1]
         keep = _altloc_keep(
-            np.cumsum(change), name_key, has_alt, lambda idx: _parse_occupancy(cols, s[idx], lengths[idx]), altloc
+            np.cumsum(change), rows.get(12, 4), has_alt,
+            lambda idx: _parse_occupancy(rows.columns(54, 6, idx)), altloc,
         )
-    sel, model_numbers = _split_models(model_id, model_numbers, model, name)
-    if sel is not None:
+    if model is not None:
+        sel, model_numbers = _split_models(
+            np.zeros(s.shape[0], np.int64) if model_id is None else model_id, model_numbers, model, name
+        )
         keep = sel if keep is None else keep & sel
     if keep is not None and not keep.all():
-        s, lengths, hetero, atom_lines = s[keep], lengths[keep], hetero[keep], atom_lines[keep]
-        model_id, name_key = model_id[keep], name_key[keep]
+        idx = np.flatnonzero(keep)
+        rows, s, hetero, atom_lines = rows.take(idx), s[idx], hetero[idx], atom_lines[idx]
+        model_id = None if model_id is None else model_id[idx]
 
     n_models = len(model_numbers)
     if n_models > 1:
         counts = np.bincount(model_id, minlength=n_models)
         _check_models(counts, model_numbers, name)
         n = int(counts[0])
-        resname_key = cols.get(s, 17, 4)
 
         def describe(m, a):
             row = data[s[m * n + a] : s[m * n + a] + 21].decode("latin-1")
             return f"{row[12:16].strip()} {row[17:21].strip()}"
 
-        _check_model_atoms(name_key, n_models, model_numbers, describe, name)
-        _check_model_atoms(resname_key, n_models, model_numbers, describe, name)
+        _check_model_atoms(rows.get(12, 4), n_models, model_numbers, describe, name)
+        _check_model_atoms(rows.get(17, 4), n_models, model_numbers, describe, name)
     else:
         n = s.shape[0]
 
-    # three 1-D gathers beat one (n, 3) gather through the unaligned view
-    xyz = np.empty((s.shape[0], 3), dtype="<u8")
-    for k, col in enumerate((30, 38, 46)):
-        xyz[:, k] = cols.get(s, col, 8)
-    coords = _parse_coords(xyz, atom_lines + 1, name).reshape(n_models, n, 3)
-    atoms = _atom_table_from_pdb(cols, s[:n], lengths[:n], hetero[:n], name_key[:n], atom_lines[:n] + 1, name)
+    # (3, frames * atoms): x, y, z fields are three strided copies of the row matrix
+    coords = _parse_coords(rows, lambda i: atom_lines[i] + 1, name).reshape(n_models, n, 3)
+    atoms = _atom_table_from_pdb(rows, n, hetero[:n], atom_lines[:n] + 1, name)
     return Structure(coords, atoms, source=name)
 
 
-def _atom_table_from_pdb(cols: _Columns, s, lengths, hetero, name_key, line_no, name) -> AtomTable:
-    n = s.shape[0]
+def _atom_table_from_pdb(rows: _Rows, n: int, hetero, line_no, name) -> AtomTable:
     # A new residue wherever (resname, chain, resid, icode), columns 18-27, changes.
-    key_a, key_b = cols.get(s, 17, 8), cols.get(s, 25, 2)
-    new = np.ones(n, dtype=bool)
-    new[1:] = (key_a[1:] != key_a[:-1]) | (key_b[1:] != key_b[:-1])
-    residue_index = np.cumsum(new, dtype=np.int32) - 1
-    rs = s[new]
-    # Residue-level fields are decoded once per residue, then spread to the atoms.
-    resname_r = _decode_keys(cols.get(rs, 17, 4), 4)
-    resname = resname_r[residue_index]
-    chain = _decode_keys(cols.get(rs, 21, 1), 1, spread=residue_index)
-    icode = _decode_keys(cols.get(rs, 26, 1), 1, spread=residue_index)
-    resid = _parse_resid(cols.get(rs, 22, 4), line_no[new], name)[residue_index]
-    segid = _decode_keys(cols.get(s, 72, 4, lengths), 4)
-    # Atom name (cols 13-16) and element (cols 77-78) share one 8-byte key: one np.unique decodes both.
-    combo = name_key.astype(np.uint64) | (cols.get(s, 76, 2, lengths).astype(np.uint64) << np.uint64(32))
-    uniq = np.unique(combo)
-    inverse = np.searchsorted(uniq, combo)
-    raw = np.ascontiguousarray(uniq).view(np.uint8).reshape(-1, 8)
-    names_t = _decode_rows(raw[:, :4])
-    elems_t = _decode_rows(raw[:, 4:6], upper=True)
-    atom_name = names_t[inverse]
-    element = elems_t[inverse]
-    # an element symbol is one or two letters; anything else (blank, digits) means "guess it"
-    el_raw = elems_t.view(np.uint32).reshape(-1, 2)
-    letter = (el_raw >= 65) & (el_raw <= 90)
-    bad = ~letter[:, 0] | ~(letter[:, 1] | (el_raw[:, 1] == 0))
-    if bad.any():
+    key_a, key_b = rows.get(17, 8, n), rows.get(25, 2, n)
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    np.not_equal(key_a[1:], key_a[:-1], out=new[1:])
+    new[1:] |= key_b[1:] != key_b[:-1]
+    residue_index = np.cumsum(new, dtype=np.int32)
+    residue_index -= 1
+    rs = np.flatnonzero(new)
+    r = rs.shape[0]
+    # Atom names, residue names (once per residue) and segids (unless one for the whole file, the
+    # usual case) are decoded by one _distinct_text call: one sort instead of three.
+    name_key = rows.get(12, 4, n)
+    segid_key = rows.get(72, 4, n)
+    one_segid = bool((segid_key == segid_key[0]).all())
+    keys = [name_key, rows.get(17, 4, n)[rs]] + ([] if one_segid else [segid_key])
+    uniq, text, inverse = _distinct_text(np.concatenate(keys), 4)
+    resname_r = text[inverse[n : n + r]]
+    if one_segid:
+        segid = np.full(n, _text_of(segid_key[0], 4), dtype="<U4")
+    else:
+        segid = text[inverse[n + r :]]
+    resid = _parse_resid(rows.get(22, 4, n)[rs], line_no[rs], name)
+    table, valid = _element_table()
+    el_key = rows.get(76, 2, n)
+    element = table[el_key]
+    ok = valid[el_key]
+    if not ok.all():
         # No element column (or junk in it): guess from the padded name for those atoms only.
-        need = bad[inverse]
-        element[need] = _guess_pdb_elements(name_key[need], residue_index[need], resname_r)
+        bad = np.flatnonzero(~ok)
+        element[bad] = _guess_pdb_elements(uniq, text, inverse[bad], inverse[n : n + r], residue_index[bad])
     return AtomTable(
-        name=atom_name,
+        name=text[inverse[:n]],
         element=element,
-        resname=resname,
-        resid=resid,
-        icode=icode,
-        chain=chain,
+        resname=resname_r[residue_index],
+        resid=resid[residue_index],
+        icode=_char_column(rows.get(26, 1, n)),
+        chain=_char_column(rows.get(21, 1, n)),
         segid=segid,
         hetero=hetero,
         residue_index=residue_index,
     )
 
 
-def _guess_pdb_elements(name_key: np.ndarray, residue_index: np.ndarray, resname_r: np.ndarray) -> np.ndarray:
+def _guess_pdb_elements(
+    uniq: np.ndarray, text: np.ndarray, name_index: np.ndarray, res_index: np.ndarray, residue_index: np.ndarray
+) -> np.ndarray:
     """Elements of atoms without an element column, from the 4-column padded name and residue name.
 
     Parameters
     ----------
-    name_key : np.ndarray of uint32, shape (m,)
-        Columns 13-16 of the atoms' lines.
+    uniq, text : np.ndarray, shape (k,)
+        Distinct name/residue-name keys (uint32, columns as written) and their stripped text
+        (:func:`_distinct_text`).
+    name_index : np.ndarray of intp, shape (m,)
+        Each atom's name, as an index into ``uniq``.
+    res_index : np.ndarray of intp, shape (R,)
+        Each residue's name, as an index into ``uniq``.
     residue_index : np.ndarray of int, shape (m,)
-        Residue of each atom, indexing ``resname_r``.
-    resname_r : np.ndarray of str, shape (R,)
-        Residue names.
+        Each atom's residue.
 
     Notes
     -----
-    Atoms of amino acids and water take the first letter of their name (vectorised; selenium of
-    MSE/SEC excepted); others go through :func:`protgpu.structure.guess_elements`, once per distinct
-    (name, residue name).
+    Atoms of amino acids and water take the first letter of their name (selenium of MSE/SEC
+    excepted): worked out once per distinct name and residue name. Others go through
+    :func:`protgpu.structure.guess_elements`, once per distinct (name, residue name).
     """
-    m = name_key.shape[0]
-    raw = np.ascontiguousarray(name_key).view(np.uint8).reshape(m, 4)
+    k = uniq.shape[0]
+    raw = np.ascontiguousarray(uniq, dtype="<u4").view(np.uint8).reshape(k, 4)
     upper = raw & np.uint8(0xDF)  # ASCII upper-case; digits and blanks do not become letters
     is_letter = (upper >= 65) & (upper <= 90)
     first = np.argmax(is_letter, axis=1)
-    rows = np.arange(m)
+    rows = np.arange(k)
     letter = np.where(is_letter[rows, first], upper[rows, first], np.uint8(ord("X")))
+    # "S" followed by "E" (upper-cased) in a name: selenium when the residue is MSE or SEC
+    se_name = (letter == ord("S")) & (upper[rows, np.minimum(first + 1, 3)] == ord("E"))
     # A '<U2' string is two UCS-4 code points: write them directly (S1 -> U2 astype is slow).
-    code_points = np.zeros((m, 2), dtype=np.uint32)
+    code_points = np.zeros((k, 2), dtype=np.uint32)
     code_points[:, 0] = letter
-    out = code_points.view("<U2").ravel()
-    polymer_r = np.isin(standardize_resnames(resname_r), list(AMINO_ACIDS)) | np.isin(resname_r, list(WATER_RESNAMES))
-    selen_r = np.isin(resname_r, ["MSE", "SEC"])
-    polymer = polymer_r[residue_index]
-    second = upper[rows, np.minimum(first + 1, 3)]
-    se = selen_r[residue_index] & (letter == ord("S")) & (second == ord("E"))
-    out[se] = "SE"
+    guess = code_points.view("<U2").ravel()
+    # residue classes, per distinct text (few), as standardize_resnames + the sets would give them
+    polymer_t, selen_t = [], []
+    for t in text.tolist():
+        polymer_t.append(NONSTANDARD_RESNAMES.get(t.upper(), t) in AMINO_ACIDS or t in WATER_RESNAMES)
+        selen_t.append(t in ("MSE", "SEC"))
+    res_of_atom = res_index[residue_index]
+    polymer = np.array(polymer_t)[res_of_atom]
+    out = guess[name_index]
+    out[se_name[name_index] & np.array(selen_t)[res_of_atom]] = "SE"
     other = ~polymer
     if other.any():
-        padded = _decode_keys(name_key[other], 4, strip=False)
-        out[other] = guess_elements(padded, resname_r[residue_index[other]])
+        padded = _widen(uniq[name_index[other]], 4)
+        out[other] = guess_elements(padded, text[res_of_atom[other]])
     return out
+
+
+def _looks_like_mmcif(data: bytes) -> bool:
+    head = data[:4096].lstrip()
+    while head.startswith(b"#"):
+        head = head.split(b"\n", 1)[-1].lstrip()
+    return head[:5].lower() == b"data_"
 
 
 def _looks_like_mmcif(data: bytes) -> bool:

@@ -724,8 +724,10 @@ class Structure:
             xyz = np.asarray(coords)
             if xyz.dtype.kind not in "fiub":
                 raise TypeError(xyz.dtype)
-            with np.errstate(over="ignore"):  # overflow gives inf, reported just below
-                xyz = np.ascontiguousarray(xyz, dtype=np.float32)
+            if xyz.dtype != np.float32 or not xyz.flags.c_contiguous:
+                # (the loaders hand over C-contiguous float32: no cast, and no errstate to enter)
+                with np.errstate(over="ignore"):  # overflow gives inf, reported just below
+                    xyz = np.ascontiguousarray(xyz, dtype=np.float32)
         except (TypeError, ValueError) as exc:
             raise InputError(f"{where}: coordinates must be a numeric array ({exc})") from None
         if xyz.ndim == 2:

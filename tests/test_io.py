@@ -440,13 +440,32 @@ def test_list_of_paths_stacks(tmp_path):
 
 
 @settings(max_examples=200, deadline=None)
-@given(rows=st.lists(st.text(alphabet=" ABCxyz019'-*", min_size=4, max_size=4), min_size=1, max_size=20))
-def test_vectorised_column_decoding_equals_str_strip(rows):
-    from protgpu.io import _decode_rows
+@given(
+    width=st.sampled_from([1, 2, 4]),
+    rows=st.lists(st.text(alphabet=" \x00ABCxyz019'-*", min_size=4, max_size=4), min_size=1, max_size=20),
+)
+def test_vectorised_column_decoding_equals_str_strip(width, rows):
+    from protgpu.io import _UINT, _strip_keys, _widen
 
-    raw = np.frombuffer("".join(rows).encode("latin-1"), dtype=np.uint8).reshape(-1, 4)
-    assert _decode_rows(raw).tolist() == [r.strip() for r in rows]
-    assert _decode_rows(raw, upper=True, strip=False).tolist() == [r.upper() for r in rows]
+    rows = [r[:width] for r in rows]
+    keys = np.frombuffer("".join(rows).encode("latin-1"), dtype=_UINT[width])
+    assert _strip_keys(keys, width).tolist() == [r.strip(" \x00") for r in rows]
+    # as written; a '<U' string drops trailing NULs
+    assert _widen(keys, width).tolist() == [r.rstrip("\x00") for r in rows]
+
+
+def test_element_column_table():
+    from protgpu.io import _element_table
+
+    table, valid = _element_table()
+
+    def look(text):
+        key = int.from_bytes(text.encode("latin-1"), "little")
+        return str(table[key]) if valid[key] else None
+
+    assert [look(t) for t in (" C", "C ", "FE", "Fe", "se", " n", "  ", "1H", "C1", "\x00O")] == [
+        "C", "C", "FE", "FE", "SE", "N", None, None, None, "O"
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------
