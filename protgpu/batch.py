@@ -1120,7 +1120,7 @@ def _write_npz(tmp: str, items: Iterable) -> None:
                 np.lib.format.write_array(fh, np.asarray(arr), allow_pickle=False)
 
 
-def _stem_keys(paths: list[str], reserved=("inputs",)) -> list[str]:
+def stem_keys(paths: list[str], reserved=("inputs",)) -> list[str]:
     """One .npz key per input: its file stem (``.gz`` and the extension dropped), made unique."""
     used, keys = set(reserved), []
     for p in paths:
@@ -1304,7 +1304,7 @@ class _Store:
                                  "(use .npz)")
             _writing(self.out, lambda tmp: np.save(tmp, arrays[0]))
             return
-        keys = _stem_keys([p for p, _ in ok])
+        keys = stem_keys([p for p, _ in ok])
 
         def items():
             for key, (_, e) in zip(keys, ok, strict=True):

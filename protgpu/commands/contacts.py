@@ -40,17 +40,6 @@ def register(sub, common) -> None:
     p.set_defaults(func=run)
 
 
-def _stem(path: str, used: set) -> str:
-    base = os.path.basename(path).removesuffix(".gz")
-    stem = os.path.splitext(base)[0] or "input"
-    key, i = stem, 1
-    while key in used:
-        i += 1
-        key = f"{stem}_{i}"
-    used.add(key)
-    return key
-
-
 def _plot(cm, path: str) -> None:
     from ..plotting import heatmap
 
@@ -85,7 +74,9 @@ def run(args) -> int:
     paths = expand_inputs(args.inputs)
     device = dispatch(device=args.device).device
     results: dict[str, np.ndarray] = {}
-    used: set = set()
+    from ..batch import stem_keys
+
+    stems = dict(zip(paths, stem_keys(paths, reserved=()), strict=True))  # unique .npz prefixes
     t_all = time.perf_counter()
     for path in progress(paths, description="contacts", quiet=args.quiet):
         s = load(path, top=args.top)
@@ -94,7 +85,7 @@ def run(args) -> int:
                       residues=args.select, frequency=args.frequency, output="pairs" if args.pairs else "dense",
                       inter_chain=not args.no_inter_chain, periodic=not args.no_periodic, device=device)
         dt = time.perf_counter() - t0
-        stem = _stem(path, used)
+        stem = stems[path]
         arrays = cm.to_dict()
         if len(paths) == 1:
             results.update(arrays)
