@@ -301,11 +301,16 @@ def _scratch(name: str, size: int, dtype) -> np.ndarray:
     for a 400 kB file added up to more than the parsing; the hot loops therefore work in blocks
     through these kept arrays (``out=``) instead of allocating.
     """
+    if size * np.dtype(dtype).itemsize > _SCRATCH_MAX:  # a huge file: not worth keeping
+        return np.empty(size, dtype=dtype)
     arrays = _SCRATCH.__dict__
     a = arrays.get(name)
     if a is None or a.shape[0] < size:
         a = arrays[name] = np.empty(size, dtype=dtype)
     return a[:size]
+
+
+_SCRATCH_MAX = 16 << 20  # bytes; larger work arrays are allocated per call
 
 
 # Bytes of text scanned for newlines per block (see _scratch).

@@ -188,6 +188,65 @@ def test_crlf_and_no_final_newline(tmp_path):
     assert a.atoms == b.atoms and np.array_equal(a.coords, b.coords)
 
 
+def _same(a, b):
+    assert a.atoms == b.atoms
+    np.testing.assert_array_equal(a.coords.view(np.uint32), b.coords.view(np.uint32))
+
+
+@pytest.mark.parametrize("layout", ["padded", "ter", "anisou", "remarks", "ragged", "few_short"])
+def test_line_layouts_give_the_same_structure(tmp_path, layout):
+    # The reader copies atom lines into a fixed-width matrix in different ways depending on how
+    # they sit in the file (one run of equal lines, runs between TER records, a constant stride
+    # with ANISOU lines between, lines of different lengths, many blocks): all must agree.
+    lines = ADK.read_text().splitlines()
+    out = []
+    for k, ln in enumerate(lines):
+        is_atom = ln.startswith(("ATOM", "HETATM"))
+        if layout == "padded":
+            ln = ln.ljust(80)
+        elif layout == "ter" and is_atom and k % 200 == 0:
+            out.append("TER")
+        elif layout == "remarks" and is_atom and k % 20 == 0:
+            out.append("REMARK " + "x" * (k % 37))
+        elif layout == "ragged" and is_atom:
+            ln = ln.ljust(76 + k % 7)
+        elif layout == "few_short" and is_atom and k % 300:
+            ln = ln.ljust(80)
+        out.append(ln)
+        if layout == "anisou" and is_atom:
+            out.append("ANISOU" + ln[6:])
+    p = tmp_path / f"{layout}.pdb"
+    p.write_text("\n".join(out) + "\n")
+    _same(load(p), load(ADK))
+
+
+def test_blocked_scans_and_coordinate_passes(tmp_path, monkeypatch):
+    import protgpu.io as pio
+
+    reference = load(ADK)
+    # tiny newline-scan blocks and coordinate passes exercise the block loops on a small file
+    monkeypatch.setattr(pio, "_SCAN_BLOCK", 1000)
+    monkeypatch.setattr(pio, "_COORD_CHUNK", 7)
+    _same(load(ADK), reference)
+    lines = ADK.read_text().splitlines()
+    lines[3000] = lines[3000][:38] + "  12.x45" + lines[3000][46:]
+    p = tmp_path / "late.pdb"
+    p.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match=r"late\.pdb: line 3001: bad coordinate '12.x45'"):
+        load(p)
+
+
+def test_negative_zero_and_extreme_coordinates(tmp_path):
+    lines = [
+        "ATOM      1  CA  ALA A   1    9999.999-999.999  -0.000  1.00 10.00           C",
+        "ATOM      2  CA  ALA A   2       0.000   0.001  -0.001  1.00 10.00           C",
+    ]
+    p = tmp_path / "edge.pdb"
+    p.write_text("\n".join(lines) + "\n")
+    expected = np.array([[9999.999, -999.999, -0.0], [0.0, 0.001, -0.001]], dtype=np.float32)
+    np.testing.assert_array_equal(load(p).coords[0].view(np.uint32), expected.view(np.uint32))
+
+
 def _atom_line(serial, name, resname, chain, resid, xyz, element="", altloc=" ", occ=1.0, icode=" ", het=False):
     rec = "HETATM" if het else "ATOM  "
     padded = f" {name:<3s}" if len(name) < 4 and len(element) < 2 else f"{name:<4s}"
