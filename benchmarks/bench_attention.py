@@ -41,25 +41,8 @@ def flops(B, L, H, d) -> float:
 
 
 def time_gpu_batched(fn, *, inner: int = 20, repeat: int = 10, warmup: int = 3) -> dict:
-    """GPU seconds per call of ``fn()`` with ``inner`` calls back to back between two CUDA events
-    (median over ``repeat``)."""
-    import statistics
-
-    import cupy
-
-    for _ in range(warmup):
-        fn()
-    cupy.cuda.get_current_stream().synchronize()
-    ts = []
-    for _ in range(repeat):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        for _ in range(inner):
-            fn()
-        stop.record()
-        stop.synchronize()
-        ts.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3 / inner)
-    return {"median_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts), "runs": repeat}
+    """GPU seconds per call of ``fn()`` with ``inner`` calls back to back between two CUDA events."""
+    return time_gpu(fn, inner=inner, repeat=repeat, warmup=warmup)
 
 
 def kernel_launcher(qd, kd, vd, xd, gd, cfg, cutoff2, scale, precision="bfloat16"):
