@@ -16,7 +16,7 @@ from ._array import dispatch, to_numpy
 from ._memory import check_host_fits, device_budget_bytes, rows_per_chunk
 from .errors import InputError
 
-__all__ = ["distances", "distances_numpy", "normalize_box"]
+__all__ = ["distances", "normalize_box"]  # distances_numpy: the CPU twin, for tests (distances(device="cpu"))
 
 PBC_NONE, PBC_ORTHO, PBC_TRICLINIC = 0, 1, 2
 
@@ -77,6 +77,17 @@ def normalize_box(box, n_frames: int, dtype=np.float64):
     inverse : ndarray (Fb, 3, 3) or None
     mode : int
         0 no box, 1 orthorhombic, 2 triclinic.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> vectors, inverse, mode = normalize_box([50.0, 60.0, 70.0], n_frames=10)
+    >>> vectors.shape, mode, np.diag(vectors[0]).tolist()
+    ((1, 3, 3), 1, [50.0, 60.0, 70.0])
+    >>> np.allclose(vectors[0] @ inverse[0], np.eye(3))
+    True
+    >>> normalize_box(None, n_frames=10)
+    (None, None, 0)
     """
     if box is None:
         return None, None, PBC_NONE

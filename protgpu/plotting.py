@@ -1,4 +1,9 @@
-"""Figures for the CLI and notebooks: labelled heatmaps written as PNG files.
+"""Figures for the CLI and notebooks: labelled heatmaps and line plots written as PNG files.
+
+:func:`heatmap` draws a matrix (contact maps, distance maps, pairwise RMSD) with a colour bar;
+:func:`line_plot` draws one or more series against a shared x axis (RMSD against frame);
+:func:`per_residue_plot` is the line plot with residue numbers on the x axis (per-residue lDDT). Every
+``--plot`` option of the ``protgpu`` command draws through these three.
 
 matplotlib is optional (``pip install 'protgpu[docs]'``) and imported only when a figure is drawn. The
 figure is drawn with matplotlib's object API on an Agg canvas (no ``pyplot``), so nothing here touches
@@ -13,7 +18,7 @@ import numpy as np
 
 from .errors import InputError, ProtgpuError
 
-__all__ = ["heatmap"]
+__all__ = ["heatmap", "line_plot", "per_residue_plot"]
 
 
 def _matplotlib():
@@ -32,13 +37,46 @@ def _tick_positions(n: int, max_ticks: int) -> np.ndarray:
     return np.arange(0, n, step)
 
 
-def _labels(values, n: int, name: str) -> list[str] | None:
+def _labels(values, n: int, name: str, func: str = "heatmap", what: str = "rows/columns") -> list[str] | None:
     if values is None:
         return None
     out = [str(v) for v in (values.tolist() if isinstance(values, np.ndarray) else list(values))]
     if len(out) != n:
-        raise InputError(f"heatmap: {name} has {len(out)} labels for {n} rows/columns")
+        raise InputError(f"{func}: {name} has {len(out)} labels for {n} {what}")
     return out
+
+
+def _png_path(path, what: str):
+    from pathlib import Path
+
+    dest = Path(path)
+    if dest.suffix.lower() != ".png":
+        raise InputError(f"{dest}: {what} are written as .png files")
+    return dest
+
+
+def require_png(path, option: str = "--plot") -> None:
+    """Check a CLI plot option before any work is done: a ``.png`` name, and matplotlib importable.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file name given to ``option``.
+    option : str
+        The option's name, for the message.
+
+    Raises
+    ------
+    InputError
+        The name does not end in ``.png``, or matplotlib is not installed (one line each, naming
+        ``option`` and the file).
+    """
+    if not str(path).lower().endswith(".png"):
+        raise InputError(f"{option} {path}: use a .png file name")
+    try:
+        _matplotlib()
+    except ProtgpuError:
+        raise InputError(f"{option} {path}: plotting needs matplotlib (pip install matplotlib)") from None
 
 
 def heatmap(matrix, path, *, xlabels: Sequence | None = None, ylabels: Sequence | None = None,
@@ -81,18 +119,29 @@ def heatmap(matrix, path, *, xlabels: Sequence | None = None, ylabels: Sequence 
         ``matrix`` is not 2-D, a label list has the wrong length, or the path does not end in .png.
     ProtgpuError
         matplotlib is not installed.
-    """
-    from pathlib import Path
 
+    Examples
+    --------
+    A CA distance map of adenylate kinase with residue numbers on both axes:
+
+    >>> import os, tempfile
+    >>> import protgpu as pg
+    >>> ca = pg.load("datasets/adk_open.pdb").select("ca")
+    >>> d = pg.distances(ca, device="cpu")[0]
+    >>> d.shape
+    (214, 214)
+    >>> png = heatmap(d, os.path.join(tempfile.mkdtemp(), "adk_ca.png"), xlabels=ca.atoms.resid,
+    ...               xlabel="residue", ylabel="residue", cbar_label="distance (Å)", dpi=40)
+    >>> png.name, png.read_bytes()[1:4]
+    ('adk_ca.png', b'PNG')
+    """
     from ._array import to_numpy
     from .io import write_atomic
 
     m = np.asarray(to_numpy(matrix), dtype=np.float64)
     if m.ndim != 2 or 0 in m.shape:
         raise InputError(f"heatmap: matrix must be a non-empty 2-D array, got shape {m.shape}")
-    dest = Path(path)
-    if dest.suffix.lower() != ".png":
-        raise InputError(f"{dest}: heatmaps are written as .png files")
+    dest = _png_path(path, "heatmaps")
     n_rows, n_cols = m.shape
     xl = _labels(xlabels, n_cols, "xlabels")
     yl = _labels(ylabels, n_rows, "ylabels")
@@ -126,3 +175,193 @@ def heatmap(matrix, path, *, xlabels: Sequence | None = None, ylabels: Sequence 
         cbar.set_label(cbar_label)
     fig.tight_layout()
     return write_atomic(dest, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
+
+
+def line_plot(values, path, *, x=None, xticklabels: Sequence | None = None, names: Sequence | None = None,
+              title: str | None = None, xlabel: str | None = None, ylabel: str | None = None,
+              ylim: tuple[float, float] | None = None, lines: bool = True, max_lines: int = 12, max_ticks: int = 15,
+              dpi: int = 150, width: float | None = None):
+    """Draw one or more series against a shared x axis and write the figure as a PNG.
+
+    Parameters
+    ----------
+    values : array_like, shape (n_series, n_points) or (n_points,)
+        The series (NumPy, CuPy or torch; any real dtype, drawn as float64). NaN and +-inf leave a
+        gap, so series of different lengths can be padded with NaN.
+    path : str or os.PathLike
+        Output ``.png`` file, written atomically (a temporary file renamed into place).
+    x : array_like, shape (n_points,), optional
+        x position of each point. Default: 0, 1, ..., n_points - 1.
+    xticklabels : sequence, optional
+        One label per point (residue numbers, ``"A:12"`` labels, file names); at most ``max_ticks``
+        of them are shown, evenly spaced, rotated when longer than four characters. Default:
+        matplotlib's numeric ticks.
+    names : sequence of str, optional
+        One name per series, shown in a legend when there is more than one series.
+    title, xlabel, ylabel : str, optional
+        Figure title and axis titles.
+    ylim : (float, float), optional
+        y range (e.g. ``(0, 1.02)`` for scores in [0, 1]). Default: the data range.
+    lines : bool
+        Join the points; False draws markers only (points that are not a sequence, e.g. one per
+        input file). Series of at most 60 points get markers either way.
+    max_lines : int
+        Most series drawn as separate lines; beyond that the figure shows their median and their
+        min-max band (a legend says how many series), which stays readable for thousands of models.
+    max_ticks : int
+        Most tick labels on the x axis when ``xticklabels`` is given.
+    dpi : int
+        Resolution.
+    width : float, optional
+        Figure width in inches (height 3.6 in). Default: grows with ``n_points``, 6 to 16 in.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+
+    Raises
+    ------
+    InputError
+        ``values`` is empty or has more than 2 dimensions, ``x``, ``xticklabels`` or ``names`` has the
+        wrong length, or the path does not end in .png.
+    ProtgpuError
+        matplotlib is not installed.
+
+    Examples
+    --------
+    RMSD of each frame of a short trajectory to its first frame:
+
+    >>> import os, tempfile
+    >>> import protgpu as pg
+    >>> traj = pg.load("datasets/adk_dims.dcd", top="datasets/adk_open.pdb", frames=slice(0, 20))
+    >>> r = pg.rmsd(traj, traj.frames(0), fit="ca", device="cpu")
+    >>> png = line_plot(r, os.path.join(tempfile.mkdtemp(), "rmsd.png"), xlabel="frame",
+    ...                 ylabel="RMSD (Å)", title="adk_dims.dcd vs frame 0", dpi=40)
+    >>> png.name, png.read_bytes()[1:4]
+    ('rmsd.png', b'PNG')
+    """
+    from ._array import to_numpy
+    from .io import write_atomic
+
+    y = np.array(to_numpy(values), dtype=np.float64)  # a copy: infinities are set to NaN below
+    if y.ndim == 1:
+        y = y[None]
+    if y.ndim != 2 or 0 in y.shape:
+        raise InputError(f"line_plot: values must be a non-empty 1-D or 2-D array, got shape {y.shape}")
+    dest = _png_path(path, "line plots")
+    m, n = y.shape
+    xs = np.arange(n, dtype=np.float64) if x is None else np.asarray(to_numpy(x), dtype=np.float64).ravel()
+    if len(xs) != n:
+        raise InputError(f"line_plot: x has {len(xs)} positions for {n} points")
+    ticks = _labels(xticklabels, n, "xticklabels", "line_plot", "points")
+    series = _labels(names, m, "names", "line_plot", "series")
+    Figure, FigureCanvasAgg = _matplotlib()
+
+    fig = Figure(figsize=(width or max(6.0, min(16.0, n / 25)), 3.6))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    # Markers on short series: a point between two gaps (NaN) would otherwise not be drawn at all.
+    style = {"lw": 1.0 if lines else 0.0, "marker": "o" if n <= 60 or not lines else None,
+             "markersize": (3 if lines else 5) if n <= 200 else 1.5}
+    y[~np.isfinite(y)] = np.nan
+    if m <= max_lines:
+        for i in range(m):
+            ax.plot(xs, y[i], label=None if series is None else series[i], **style)
+        if series is not None and m > 1:
+            ax.legend(fontsize=7, loc="best", ncol=2 if m > 4 else 1)
+    else:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # columns where every series is NaN
+            lo, med, hi = np.nanmin(y, axis=0), np.nanmedian(y, axis=0), np.nanmax(y, axis=0)
+        ax.fill_between(xs, lo, hi, alpha=0.3, lw=0, label=f"min-max of {m} series")
+        ax.plot(xs, med, label="median", **style)
+        ax.legend(fontsize=7, loc="best")
+    if ticks is not None:
+        pos = _tick_positions(n, max_ticks)
+        ax.set_xticks(xs[pos])
+        long = max(map(len, ticks)) > 4
+        ax.set_xticklabels([ticks[p] for p in pos], rotation=45 if long else 0, ha="right" if long else "center",
+                           fontsize=7)
+    if n > 1:
+        step = (xs[-1] - xs[0]) / (n - 1)
+        ax.set_xlim(xs[0] - step / 2, xs[-1] + step / 2)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return write_atomic(dest, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
+
+
+def per_residue_plot(values, path, *, labels: Sequence | None = None, names: Sequence | None = None,
+                     title: str | None = None, ylabel: str = "lDDT", ylim: tuple[float, float] | None = (0.0, 1.02),
+                     xlabel: str = "reference residue", max_lines: int = 12, dpi: int = 150):
+    """Draw a per-residue score of one or more models along the sequence and write a PNG.
+
+    :func:`line_plot` with residue numbers on the x axis and, by default, the axis of a score in
+    [0, 1] (per-residue lDDT, as ``protgpu score --plot`` draws it).
+
+    Parameters
+    ----------
+    values : array_like, shape (M, R) or (R,)
+        Per-residue values of M models over R residues; NaN (a residue absent from a model, or
+        without pairs) leaves a gap.
+    path : str or os.PathLike
+        Output ``.png`` file, written atomically.
+    labels : sequence, optional
+        One label per residue (residue numbers, or ``"A:12"`` as
+        :func:`protgpu.scoring.lddt_residue_labels` gives them); about 15 are shown. Default: 1-based
+        positions 1, 2, ..., R.
+    names : sequence of str, optional
+        Model names for the legend (shown with two models or more).
+    title : str, optional
+    ylabel, xlabel : str
+        Axis titles.
+    ylim : (float, float) or None
+        y range; None fits the data (for values that are not in [0, 1]).
+    max_lines : int
+        Most models drawn as lines; more are drawn as their median and min-max band.
+    dpi : int
+        Resolution.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+
+    Raises
+    ------
+    InputError
+        Empty ``values``, ``labels`` or ``names`` of the wrong length, or a path not ending in .png.
+    ProtgpuError
+        matplotlib is not installed.
+
+    Examples
+    --------
+    Per-residue lDDT of the closed form of adenylate kinase against the open form, CA atoms:
+
+    >>> import os, tempfile
+    >>> import protgpu as pg
+    >>> ref = pg.load("datasets/adk_open.pdb")
+    >>> score, per = pg.lddt("datasets/adk_closed.pdb", ref, atoms="ca", per_residue=True, device="cpu")
+    >>> per.shape
+    (214,)
+    >>> png = per_residue_plot(per, os.path.join(tempfile.mkdtemp(), "lddt.png"),
+    ...                        labels=pg.scoring.lddt_residue_labels(ref), dpi=40)
+    >>> png.name, png.read_bytes()[1:4]
+    ('lddt.png', b'PNG')
+    """
+    from ._array import to_numpy
+
+    v = np.asarray(to_numpy(values), dtype=np.float64)
+    if labels is None and v.ndim in (1, 2) and v.shape[-1]:
+        labels = range(1, v.shape[-1] + 1)
+    return line_plot(v, path, xticklabels=None if labels is None else list(labels), names=names, title=title,
+                     xlabel=xlabel, ylabel=ylabel, ylim=ylim, max_lines=max_lines, dpi=dpi)

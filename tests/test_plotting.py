@@ -1,5 +1,6 @@
-"""Figures: :func:`protgpu.plotting.heatmap` and the ``--plot`` options of ``protgpu contacts``,
-``protgpu pairwise-rmsd`` and ``protgpu score``.
+"""Figures: :func:`protgpu.plotting.heatmap`, :func:`~protgpu.plotting.line_plot`,
+:func:`~protgpu.plotting.per_residue_plot` and the ``--plot`` options of ``protgpu contacts``,
+``protgpu rmsd``, ``protgpu pairwise-rmsd`` and ``protgpu score``.
 
 Each test checks that the PNG is written, is a real PNG and is not blank (many colours, most pixels
 not background), and, by catching the matplotlib Figure as it is saved, that the axes carry their
@@ -43,10 +44,16 @@ def saved_figures(monkeypatch):
     return figures
 
 
-def assert_png_not_blank(path) -> np.ndarray:
-    """The file is a PNG of a reasonable size whose pixels are not one flat colour; returns them."""
+def assert_png_not_blank(path, max_background: float | str | None = None) -> np.ndarray:
+    """The file is a PNG of a reasonable size whose pixels are not one flat colour, with data drawn
+    in colour (not only black axes and text); returns the pixels.
+
+    ``max_background``: the largest fraction of pixels in the background colour; default 0.95 for a
+    heatmap (filled), 0.995 when given as ``"lines"`` (a line plot is mostly white).
+    """
     from matplotlib.image import imread
 
+    limit = {None: 0.95, "lines": 0.995}.get(max_background, max_background)
     path = Path(path)
     assert path.is_file(), f"{path} was not written"
     assert path.read_bytes()[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
@@ -56,7 +63,9 @@ def assert_png_not_blank(path) -> np.ndarray:
     colours, counts = np.unique(rgb, axis=0, return_counts=True)
     background = counts.max() / counts.sum()
     assert len(colours) > 20, f"{path}: only {len(colours)} colours"
-    assert background < 0.95, f"{path}: {background:.0%} of the pixels are the background colour"
+    assert background < limit, f"{path}: {background:.1%} of the pixels are the background colour"
+    saturated = int((rgb.max(axis=1).astype(int) - rgb.min(axis=1) > 60).sum())
+    assert saturated > 100, f"{path}: only {saturated} coloured pixels (no data drawn?)"
     return img
 
 
@@ -148,6 +157,106 @@ def test_heatmap_rejects_bad_input_without_writing(tmp_path, matrix, kwargs, des
     assert list(tmp_path.iterdir()) == []
 
 
+# --------------------------------------------------------------------------------------------------
+# protgpu.plotting.line_plot and per_residue_plot
+
+
+def test_line_plot_series_legend_ticks_and_gaps(tmp_path, saved_figures):
+    from protgpu.plotting import line_plot
+
+    y = np.stack([np.sqrt(np.arange(80.0)), 0.5 * np.sqrt(np.arange(80.0))])
+    y[1, 10:15] = np.nan
+    y[0, 3] = np.inf
+    before = y.copy()
+    out = line_plot(y, tmp_path / "lines.png", names=["run 1", "run 2"], xticklabels=[f"A:{i}" for i in range(80)],
+                    xlabel="residue", ylabel="RMSD (Å)", title="two runs", max_ticks=8, dpi=60)
+    assert Path(out) == tmp_path / "lines.png"
+    assert_png_not_blank(out, "lines")
+    np.testing.assert_array_equal(y, before)  # the caller's array is not touched
+    ax = saved_figures[-1].axes[0]
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == ("residue", "RMSD (Å)", "two runs")
+    lines = ax.get_lines()
+    assert len(lines) == 2 and np.isnan(lines[1].get_ydata()[10:15]).all() and np.isnan(lines[0].get_ydata()[3])
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["run 1", "run 2"]
+    ticks = tick_texts(ax.xaxis)
+    assert 2 <= len(ticks) <= 8 and ticks[0] == "A:0"
+    no_temp_files(tmp_path)
+
+
+def test_line_plot_one_series_custom_x_and_ylim(tmp_path, saved_figures):
+    from protgpu.plotting import line_plot
+
+    x = np.linspace(0.0, 2.0, 30)  # e.g. time in ns
+    out = line_plot(np.cos(x), tmp_path / "one.png", x=x, names=["only"], ylim=(-1.0, 1.0), dpi=60)
+    assert_png_not_blank(out, "lines")
+    ax = saved_figures[-1].axes[0]
+    assert ax.get_legend() is None  # one series: no legend
+    assert ax.get_ylim() == (-1.0, 1.0)
+    np.testing.assert_allclose(ax.get_lines()[0].get_xdata(), x)
+
+
+def test_line_plot_many_series_become_a_band(tmp_path, saved_figures):
+    from protgpu.plotting import line_plot
+
+    y = np.random.default_rng(3).random((40, 50))
+    y[:, 7] = np.nan  # a point missing from every series: no warning, a gap
+    out = line_plot(y, tmp_path / "band.png", max_lines=12, dpi=60)
+    assert_png_not_blank(out, "lines")
+    ax = saved_figures[-1].axes[0]
+    assert len(ax.get_lines()) == 1 and len(ax.collections) == 1  # the median and the min-max band
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "median" in texts and any("40" in t for t in texts)
+    np.testing.assert_allclose(ax.get_lines()[0].get_ydata()[:7], np.median(y[:, :7], axis=0))
+
+
+def test_per_residue_plot_residue_numbers_and_score_axis(tmp_path, saved_figures):
+    from protgpu.plotting import per_residue_plot
+
+    per = np.random.default_rng(4).random((3, 120))
+    out = per_residue_plot(per, tmp_path / "lddt.png", names=["m1", "m2", "m3"], dpi=60)
+    assert_png_not_blank(out, "lines")
+    ax = saved_figures[-1].axes[0]
+    assert ax.get_ylabel() == "lDDT" and "residue" in ax.get_xlabel()
+    assert ax.get_ylim() == (0.0, 1.02)
+    ticks = tick_texts(ax.xaxis)
+    assert ticks[0] == "1" and all(t.isdigit() and 1 <= int(t) <= 120 for t in ticks)  # 1-based by default
+    assert len(ax.get_lines()) == 3 and ax.get_legend() is not None
+    per_residue_plot(per[0] * 50, tmp_path / "other.png", labels=range(201, 321), ylabel="B-factor", ylim=None,
+                     dpi=60)
+    ax = saved_figures[-1].axes[0]
+    assert tick_texts(ax.xaxis)[0] == "201" and ax.get_ylim()[1] > 40
+    assert_png_not_blank(tmp_path / "other.png", "lines")
+
+
+@pytest.mark.parametrize("func, values, kwargs, dest, match", [
+    ("line_plot", np.zeros((2, 3, 4)), {}, "a.png", "1-D or 2-D"),
+    ("line_plot", np.zeros((2, 0)), {}, "a.png", "non-empty"),
+    ("line_plot", np.zeros((2, 5)), {"names": ["a"]}, "a.png", "names"),
+    ("line_plot", np.zeros(5), {"x": [1, 2]}, "a.png", "x has 2"),
+    ("line_plot", np.zeros(5), {"xticklabels": [1, 2]}, "a.png", "xticklabels"),
+    ("line_plot", np.zeros(5), {}, "a.svg", "png"),
+    ("per_residue_plot", np.zeros(5), {"labels": [1, 2]}, "a.png", "xticklabels"),
+    ("per_residue_plot", np.zeros(0), {}, "a.png", "non-empty"),
+])
+def test_line_plots_reject_bad_input_without_writing(tmp_path, func, values, kwargs, dest, match):
+    import protgpu.plotting
+
+    with pytest.raises(InputError, match=match):
+        getattr(protgpu.plotting, func)(values, tmp_path / dest, **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_require_png(tmp_path, monkeypatch):
+    from protgpu.plotting import require_png
+
+    require_png(tmp_path / "a.PNG")
+    with pytest.raises(InputError, match=r"--plot .*x\.jpg: use a \.png"):
+        require_png(tmp_path / "x.jpg")
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(InputError, match="--map .*needs matplotlib"):
+        require_png(tmp_path / "a.png", "--map")
+
+
 def test_plotting_imports_matplotlib_only_to_draw(tmp_path):
     """``import protgpu.plotting`` stays light, and drawing never imports pyplot (no global backend
     change, no display needed)."""
@@ -156,13 +265,14 @@ def test_plotting_imports_matplotlib_only_to_draw(tmp_path):
         "import protgpu, protgpu.plotting\n"
         "assert 'matplotlib' not in sys.modules, 'imported matplotlib at import time'\n"
         f"protgpu.plotting.heatmap(np.eye(12), {str(tmp_path / 'x.png')!r})\n"
-        "assert 'matplotlib.pyplot' not in sys.modules, 'heatmap imported pyplot'\n"
+        f"protgpu.plotting.per_residue_plot(np.eye(12), {str(tmp_path / 'y.png')!r})\n"
+        "assert 'matplotlib.pyplot' not in sys.modules, 'plotting imported pyplot'\n"
     )
     env_path = f"{REPO}"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**_env(), "PYTHONPATH": env_path}, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert (tmp_path / "x.png").is_file()
+    assert (tmp_path / "x.png").is_file() and (tmp_path / "y.png").is_file()
 
 
 def _env() -> dict:
@@ -191,11 +301,13 @@ def test_contacts_plot_one_file_per_structure(tmp_path, datasets, saved_figures,
                             "--device", "cpu", "-q"], capsys)
     assert code == 0, err
     assert not png.exists()  # several inputs: one file each, named after the input
-    for name, fig in zip(("adk_open", "adk_closed"), saved_figures[-2:], strict=True):
+    # The batch engine may finish the inputs in any order: match each figure by its title.
+    by_title = {fig.axes[0].get_title().split(":")[0]: fig for fig in saved_figures}
+    for name in ("adk_open", "adk_closed"):
         assert_png_not_blank(tmp_path / f"map_{name}.png")
+        fig = by_title[f"{name}.pdb"]
         ax = fig.axes[0]
         assert ax.get_xlabel() == "residue" and ax.get_ylabel() == "residue"
-        assert f"{name}.pdb" in ax.get_title()
         assert tick_texts(ax.xaxis)[0] == "1"  # residue numbers as in the file (adk starts at MET 1)
         assert "distance" in colorbar_axes(fig, ax).get_ylabel()
 
@@ -221,9 +333,52 @@ def test_pairwise_rmsd_plot(tmp_path, datasets, saved_figures, capsys):
     assert_png_not_blank(png)
     fig = saved_figures[-1]
     ax = fig.axes[0]
-    assert ax.get_xlabel() == "frame" and ax.get_ylabel() == "frame"
+    assert ax.get_xlabel() == "frame index" and ax.get_ylabel() == "frame index"
     assert "98 frames" in ax.get_title()
-    assert "RMSD" in colorbar_axes(fig, ax).get_ylabel()
+    assert tick_texts(ax.xaxis)[:2] == ["0", "9"] and tick_texts(ax.yaxis) == tick_texts(ax.xaxis)
+    assert colorbar_axes(fig, ax).get_ylabel() == "RMSD (Å)"
+    assert ax.images[0].get_clim()[0] == 0.0
+
+
+def test_pairwise_rmsd_plot_thins_a_large_matrix_keeping_frame_indices(monkeypatch, tmp_path, saved_figures):
+    from protgpu.commands import rmsd as rmsd_cmd
+
+    m = np.random.default_rng(2).random((4500, 4500)).astype(np.float32)
+    rmsd_cmd._plot_pairwise(str(tmp_path / "big.png"), m, "4500 frames")
+    ax = saved_figures[-1].axes[0]
+    assert ax.images[0].get_array().shape == (1500, 1500)  # every 3rd frame
+    assert all(int(t) % 3 == 0 for t in tick_texts(ax.xaxis)) and int(tick_texts(ax.xaxis)[-1]) > 4000
+    assert_png_not_blank(tmp_path / "big.png")
+
+
+def test_rmsd_plot_one_line_per_trajectory(tmp_path, datasets, saved_figures, capsys):
+    png = tmp_path / "rmsd.png"
+    dcd, top = datasets / "adk_dims.dcd", datasets / "adk_open.pdb"
+    code, _, err = run_cli(["rmsd", dcd, "--top", top, "--ref", datasets / "adk_closed.pdb", "--select", "ca",
+                            "--plot", png, "--device", "cpu", "-q"], capsys)
+    assert code == 0, err
+    assert_png_not_blank(png, "lines")
+    ax = saved_figures[-1].axes[0]
+    assert ax.get_xlabel() == "frame index" and ax.get_ylabel() == "RMSD (Å)"
+    assert "adk_closed.pdb" in ax.get_title() and "adk_dims.dcd" in ax.get_title()
+    (line,) = ax.get_lines()
+    y = line.get_ydata()
+    assert len(y) == 98 and 0 < y.min() and y.max() < 10  # adk open -> closed: at most a few A
+    assert ax.get_legend() is None  # one input: the title names it
+
+
+def test_rmsd_plot_single_frame_inputs_along_x(tmp_path, datasets, saved_figures, capsys):
+    png = tmp_path / "models.png"
+    code, _, err = run_cli(["rmsd", datasets / "adk_open.pdb", datasets / "adk_closed.pdb", "--ref",
+                            datasets / "adk_open.pdb", "--fit", "ca", "--plot", png, "--device", "cpu", "-q"],
+                           capsys)
+    assert code == 0, err
+    assert_png_not_blank(png, "lines")
+    ax = saved_figures[-1].axes[0]
+    assert ax.get_xlabel() == "input" and tick_texts(ax.xaxis) == ["adk_open.pdb", "adk_closed.pdb"]
+    (line,) = ax.get_lines()
+    assert line.get_ydata()[0] < 1e-3 < line.get_ydata()[1]
+    assert line.get_linewidth() == 0 and line.get_marker() == "o"  # separate models: points, not a line
 
 
 def test_score_plot_per_residue_lddt(tmp_path, datasets, saved_figures, capsys):
@@ -232,7 +387,7 @@ def test_score_plot_per_residue_lddt(tmp_path, datasets, saved_figures, capsys):
                             datasets / "adk_open.pdb", "--metrics", "lddt", "--plot", png, "--device", "cpu",
                             "--jobs", "1", "-q"], capsys)
     assert code == 0, err
-    assert_png_not_blank(png)
+    assert_png_not_blank(png, "lines")
     ax = saved_figures[-1].axes[0]
     assert ax.get_ylabel() == "lDDT" and "residue" in ax.get_xlabel()
     assert ax.get_ylim()[0] == 0.0
@@ -244,6 +399,7 @@ def test_score_plot_per_residue_lddt(tmp_path, datasets, saved_figures, capsys):
 
 @pytest.mark.parametrize("argv", [
     ["contacts", "{d}/adk_open.pdb", "--plot", "{t}/x.jpg"],
+    ["rmsd", "{d}/adk_open.pdb", "--ref", "{d}/adk_closed.pdb", "--plot", "{t}/x.svg"],
     ["pairwise-rmsd", "{d}/adk_open.pdb", "{d}/adk_closed.pdb", "--plot", "{t}/x.svg"],
     ["score", "{d}/adk_closed.pdb", "--ref", "{d}/adk_open.pdb", "--plot", "{t}/x.pdf"],
 ])
@@ -257,6 +413,7 @@ def test_plot_needs_a_png_name(tmp_path, datasets, capsys, argv):
 
 @pytest.mark.parametrize("argv", [
     ["contacts", "{d}/adk_open.pdb", "--plot", "{t}/x.png"],
+    ["rmsd", "{d}/adk_open.pdb", "--ref", "{d}/adk_closed.pdb", "--plot", "{t}/x.png"],
     ["pairwise-rmsd", "{d}/adk_open.pdb", "{d}/adk_closed.pdb", "--select", "ca", "--plot", "{t}/x.png"],
     ["score", "{d}/adk_closed.pdb", "--ref", "{d}/adk_open.pdb", "--metrics", "lddt", "--jobs", "1",
      "--plot", "{t}/x.png"],

@@ -49,7 +49,8 @@ from .._array import array_kind, dispatch, is_cupy_array, is_torch_tensor, to_nu
 from .._memory import check_host_fits, device_budget_bytes, format_bytes, rows_per_chunk
 from ..errors import InputError, MemoryBudgetError
 
-__all__ = ["attention", "attention_numpy", "bf16_bits_to_float32", "float32_to_bf16_bits"]
+# The bfloat16 bit helpers are internal (importable by name for tests and benchmarks).
+__all__ = ["attention", "attention_numpy"]
 
 METHODS = ("auto", "materialized", "fused")
 PRECISIONS = ("float16", "bfloat16", "float32", "float64")
@@ -331,6 +332,22 @@ def attention_numpy(q, k, v, coords, *, gamma, cutoff=None, mask=None, scale=Non
     -------
     out : ndarray, shape of ``q``, ``dtype``
     weights : ndarray, shape (B, H, L, L) or (H, L, L), ``dtype`` (only with ``return_weights``)
+
+    Examples
+    --------
+    Six residues, two heads; the second head penalises distance and ignores keys beyond 5 Angstrom:
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (rng.normal(size=(6, 2, 4)) for _ in range(3))
+    >>> x = np.cumsum(rng.normal(size=(6, 3)) * 2.2, axis=0)
+    >>> out, w = attention_numpy(q, k, v, x, gamma=np.array([0.0, 0.1]), cutoff=5.0, return_weights=True)
+    >>> out.shape, w.shape, out.dtype
+    ((6, 2, 4), (2, 6, 6), dtype('float64'))
+    >>> np.linalg.norm(x - x[0], axis=1).round(1).tolist()  # distances from residue 0
+    [0.0, 3.0, 1.9, 3.8, 5.8, 9.0]
+    >>> w[1, 0].round(3).tolist()  # residue 0's weights in head 1: zero past the cutoff
+    [0.196, 0.309, 0.19, 0.304, 0.0, 0.0]
     """
     ct = np.dtype(dtype)
     q = np.asarray(q)

@@ -48,8 +48,9 @@ from .._memory import check_host_fits, device_budget_bytes, format_bytes, rows_p
 from ..errors import InputError, MemoryBudgetError
 from .tmscore import d0_tmscore
 
-__all__ = ["DEFAULT_TEMPERATURE", "ConsensusResult", "consensus_cuda", "consensus_numpy", "consensus_ranking_table",
-           "consensus_score", "consensus_tiled_numpy", "tile_update_numpy"]
+# The NumPy twins and the CUDA path (consensus_numpy, consensus_tiled_numpy, tile_update_numpy,
+# consensus_cuda) stay importable by name for tests and benchmarks but are not public API.
+__all__ = ["DEFAULT_TEMPERATURE", "ConsensusResult", "consensus_ranking_table", "consensus_score"]
 
 #: Default softmax temperature of :func:`consensus_score`, Angstrom^2 (module notes say why).
 DEFAULT_TEMPERATURE = 4.0
@@ -580,6 +581,18 @@ def consensus_ranking_table(models, *, temperature: float = DEFAULT_TEMPERATURE,
     ------
     InputError
         As :func:`consensus_score`, unreadable inputs, or ``names`` of the wrong length.
+
+    Examples
+    --------
+    >>> import protgpu as pg
+    >>> middle = pg.load("datasets/adk_dims.dcd", top="datasets/adk_open.pdb").frames(49)
+    >>> rows = consensus_ranking_table(["datasets/adk_closed.pdb", "datasets/adk_open.pdb", middle],
+    ...                                names=["closed", "open", "frame 49"], device="cpu")
+    >>> for row in rows:
+    ...     print(row["rank"], row["model"], round(row["consensus"], 3))
+    1 open 0.781
+    2 frame 49 0.776
+    3 closed 0.56
     """
     from ..io import load
 

@@ -26,8 +26,10 @@ from ..structure import Structure
 from . import _batch
 from . import _mapping as mp
 
-__all__ = ["LDDTReference", "lddt", "lddt_counts_cuda", "lddt_counts_numpy", "lddt_inputs", "lddt_reference",
-           "lddt_residue_labels", "lddt_scores", "resolve_symmetry_numpy"]
+# The layers under lddt() (lddt_inputs, lddt_reference, lddt_counts_numpy / lddt_counts_cuda,
+# resolve_symmetry_numpy, lddt_scores, LDDTReference) stay importable by name for tests and
+# benchmarks but are not public API.
+__all__ = ["lddt", "lddt_residue_labels"]
 
 _MAX_THRESHOLDS = 8
 
@@ -514,7 +516,14 @@ def _prepare(models, reference, atoms, inclusion_radius, mapping, be, dtype):
 
 
 def lddt_residue_labels(reference) -> list[str]:
-    """Labels ``"chain:resid[icode]"`` of the residues of :func:`lddt`'s per-residue output."""
+    """Labels ``"chain:resid[icode]"`` of the residues of :func:`lddt`'s per-residue output.
+
+    Examples
+    --------
+    >>> labels = lddt_residue_labels("datasets/adk_open.pdb")
+    >>> len(labels), labels[:3]
+    (214, ['4AKE:1', '4AKE:2', '4AKE:3'])
+    """
     ref_s, ref_arr = _batch.reference_of(reference)
     if ref_s is None:
         return [str(i) for i in range(ref_arr.shape[0])]
