@@ -10,7 +10,9 @@ Cases (same data for every tool, in one run):
      batched 3x3 SVD (``eigvalsh`` on 4x4 key matrices fails in cuSOLVER), on the GPU if there is one;
    * the bare cuBLAS GEMM of the same shape (``A @ A.T`` in CuPy, float64), the floor the GEMM
      formulation can reach: the ratio says what the QCP step and the triangular schedule cost.
-   Accuracy against a float64 Kabsch (SVD) reference on 60 x 60 of the pairs is reported too.
+   Accuracy against a float64 Kabsch (SVD) reference on 60 x 60 of the pairs is reported too. The CPU
+   path's row has ``cpu_vs_mdtraj`` (same run), and a "CPU parts" row says how its centring, GEMM and
+   QCP scale from 1 thread to every core.
 2. ``--full`` only (GPU): 50,000 x 300 all-vs-all streamed to an on-disk np.memmap (10 GB, float32).
 3. RMSD to one reference, 100,000 frames x 1,000 atoms (``--quick``: 5,000), vs ``mdtraj.rmsd``.
 
@@ -161,6 +163,51 @@ def bench_gpu_parts(x_dev, f, n, rows):
                      "centre_s": t_c, "gemm_s": t_g, "qcp_s": t_q, "gemm_fraction_of_square": frac})
 
 
+def bench_cpu_parts(x, rows, max_tiles=8):
+    """Where the CPU all-vs-all time goes and how each part scales with threads, to predict other core
+    counts: the centring and the QCP (on ``_pairwise_numpy``'s pool) on 1 thread and on every core, and
+    the GEMM of every tile through NumPy's BLAS (its own threads). The QCP is timed on up to
+    ``max_tiles`` tiles (each tile's 3x3 blocks take 19 MB), on every core with groups of
+    ``_QCP_CHUNK_PAIRS`` pairs and 4x that (fewer GIL hand-overs per pair; ``_qcp_group`` picks the
+    size by the number of threads)."""
+    import concurrent.futures as cf
+
+    f, n = x.shape[:2]
+    threads = sp._cpu_threads()
+    a, g = sp._centre_frames_numpy(x, None, None)
+    tiles = list(sp._tiles(f, f, sp._CPU_TILE, True))
+    t_gemm = time_cpu(lambda: [a[3 * i0:3 * i1] @ a[3 * j0:3 * j1].T for i0, i1, j0, j1 in tiles], repeat=3)
+    sample = tiles[::max(1, len(tiles) // max_tiles)][:max_tiles]
+    blocks = [a[3 * i0:3 * i1] @ a[3 * j0:3 * j1].T for i0, i1, j0, j1 in sample]
+    n_pairs = sum((i1 - i0) * (i1 - i0 - 1) // 2 if i0 == j0 else (i1 - i0) * (j1 - j0) for i0, i1, j0, j1 in sample)
+
+    def qcp(pool):
+        for bl, (i0, i1, j0, j1) in zip(blocks, sample, strict=True):
+            sp._qcp_tile_numpy(bl, g[i0:i1], g[j0:j1], 1.0 / n, upper=i0 == j0, pool=pool)
+
+    t_c1 = time_cpu(lambda: sp._centre_frames_numpy(x, None, None), repeat=3)
+    t_q1 = time_cpu(lambda: qcp(None), repeat=3)
+    with cf.ThreadPoolExecutor(threads) as pool:
+        t_cn = time_cpu(lambda: sp._centre_frames_numpy(x, None, None, pool), repeat=3)
+        t_qn = time_cpu(lambda: qcp(pool), repeat=3)
+        default = sp._QCP_CHUNK_PAIRS
+        try:
+            sp._QCP_CHUNK_PAIRS = 4 * default
+            t_qn4 = time_cpu(lambda: qcp(pool), repeat=3)
+        finally:
+            sp._QCP_CHUNK_PAIRS = default
+    used = sp._qcp_group(threads)
+    q1, qn, qn4 = (n_pairs / t["median_s"] for t in (t_q1, t_qn, t_qn4))
+    rows.append({"case": f"all-vs-all {f}x{n} CPU parts",
+                 "tool": f"protgpu CPU: centre {t_c1['median_s'] * 1e3:.1f} -> {t_cn['median_s'] * 1e3:.1f} ms "
+                         f"(1 -> {threads} threads); GEMM {t_gemm['median_s']:.3f} s (BLAS threads, all tiles); "
+                         f"QCP {q1:.3g} -> {qn:.3g} pairs/s (x{qn / q1:.2f}; groups of {4 * default}: {qn4:.3g}; "
+                         f"the pool uses {used})",
+                 "threads": threads, "centre_1thread_s": t_c1["median_s"], "centre_s": t_cn["median_s"],
+                 "gemm_s": t_gemm["median_s"], "qcp_1thread_pairs_per_s": q1, "qcp_pairs_per_s": qn,
+                 "qcp_pairs_per_s_groups_x4": qn4, "qcp_thread_scaling": qn / q1, "qcp_group_used": used})
+
+
 def bench_pairwise(f, n, rows, use_gpu, quick):
     x = make_frames(f, n, seed=1)
     pairs = f * f
@@ -198,6 +245,7 @@ def bench_pairwise(f, n, rows, use_gpu, quick):
     if md_pairs_per_s:
         row["cpu_vs_mdtraj"] = row["pairs_per_s"] / md_pairs_per_s
     rows.append(row)
+    bench_cpu_parts(x, rows)
     if use_gpu:
         import cupy as cp
 
@@ -239,19 +287,45 @@ def bench_pairwise(f, n, rows, use_gpu, quick):
 
 
 def bench_streamed(rows, f=50_000, n=300):
+    """The issue's scale case: 50,000 x 300 all-vs-all, condensed float32 (5 GB) streamed into an on-disk
+    ``np.memmap``, end to end (compute, copies, writes, and the flush to disk); peak device memory is
+    sampled from cudaMemGetInfo every 5 ms while it runs."""
+    import threading
+
+    import cupy as cp
+
     x = make_frames(f, n, seed=2)
+    free0, total = cp.cuda.runtime.memGetInfo()
+    peak = [0]
+    running = [True]
+
+    def poll():
+        while running[0]:
+            free, _ = cp.cuda.runtime.memGetInfo()
+            peak[0] = max(peak[0], free0 - free)
+            time.sleep(0.005)
+
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as d:
         path = os.path.join(d, "pairwise.npy")
-        mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(f, f))
+        shape = (f * (f - 1) // 2,)
+        mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape)
+        watcher = threading.Thread(target=poll, daemon=True)
+        watcher.start()
         t0 = time.perf_counter()
-        sp.pairwise_rmsd(x, out=mm, device="gpu")
+        sp.pairwise_rmsd(x, out=mm, condensed=True, device="gpu")
+        t1 = time.perf_counter()
         mm.flush()
         dt = time.perf_counter() - t0
-        probe = np.asarray(mm[:50, :50], dtype=np.float64)
-        ref = kabsch_matrix(x[:50], x[:50])
-        rows.append({"case": f"all-vs-all {f}x{n} -> np.memmap ({f * f * 4 / 1e9:.0f} GB)",
-                     "tool": "protgpu GPU (float64 GEMM, streamed)", "seconds": dt, "pairs_per_s": f * f / dt,
-                     "max_err_A": float(np.abs(probe - ref).max())})
+        running[0] = False
+        watcher.join()
+        idx = np.arange(50)
+        ii, jj = np.triu_indices(50, 1)
+        probe = np.asarray(mm[ii * f - ii * (ii + 1) // 2 + (jj - ii - 1)], dtype=np.float64)
+        ref = kabsch_matrix(x[idx], x[idx])[ii, jj]
+        rows.append({"case": f"all-vs-all {f}x{n} condensed -> np.memmap on disk ({len(mm) * 4 / 1e9:.1f} GB)",
+                     "tool": "protgpu GPU (float64 GEMM, streamed)", "seconds": dt, "pairs_per_s": len(mm) / dt,
+                     "compute_and_write_s": t1 - t0, "flush_s": dt - (t1 - t0),
+                     "peak_device_gb": peak[0] / 1e9, "max_err_A": float(np.abs(probe - ref).max())})
         del mm
     return rows
 

@@ -81,6 +81,7 @@ import numpy as np
 
 from ._array import dispatch, is_cupy_array, to_numpy
 from ._memory import check_host_fits, device_budget_bytes, format_bytes, rows_per_chunk
+from .contacts import _cpu_threads
 from .errors import InputError, MemoryBudgetError
 
 __all__ = ["SuperposeResult", "pairwise_rmsd", "rmsd", "superpose"]
@@ -103,11 +104,11 @@ _DIRECT_TAU = 1e-6
 # Pair kernel output modes (bit flags; same values in qcp.cu).
 _MIRROR, _ZERO_DIAG, _UPPER_ONLY, _CONDENSED = 1, 2, 4, 8
 
-# Host-side working set of one CPU tile or frame chunk (the QCP temporaries are ~30 float64 per pair).
-_CPU_CHUNK_BYTES = 96 << 20
-_CPU_TILE = 512
-_QCP_CHUNK_PAIRS = 8192  # pairs per vectorised QCP call on the CPU (cache-sized temporaries)
-_CACHE_CHUNK_BYTES = 8 << 20
+# CPU path. Each chunk or group is one task for the worker threads; none of these sizes depends on the
+# number of threads, so neither do the results.
+_CPU_TILE = 512  # frames per all-vs-all tile side: the tile's GEMM blocks are 9 * 512^2 float64 (19 MB)
+_QCP_CHUNK_PAIRS = 8192  # pairs (or frames) per vectorised QCP call: ~30 float64 temporaries in cache
+_CACHE_CHUNK_BYTES = 8 << 20  # float64 working set of one chunk of frames (centring, moments, moving)
 
 
 class SuperposeResult(NamedTuple):
@@ -191,61 +192,67 @@ def _qcp_start(c2, lam0):
 
 
 def _newton_step(lam, c2, c1, c0, tol, flat):
-    """One guarded Newton step of the quartic from above: returns ``(new_lam, done)``."""
+    """One guarded Newton step of the quartic from above, in place: ``lam`` (1-D float64) moves to
+    the new value where the step is taken; returns ``cont``, True where the iteration goes on."""
     l2 = lam * lam
-    b = (l2 + c2) * lam
+    b = l2 + c2
+    b *= lam  # (l^2 + C2) l
     a = b + c1
-    p = a * lam + c0  # l^4 + C2 l^2 + C1 l + C0, Horner
-    dp = 2.0 * l2 * lam + b + a  # 4 l^3 + 2 C2 l + C1
+    p = a * lam
+    p += c0  # l^4 + C2 l^2 + C1 l + C0, Horner
+    dp = 2.0 * l2
+    dp *= lam
+    dp += b
+    dp += a  # 4 l^3 + 2 C2 l + C1 (summed in this order, as the kernel does)
     # Where the polynomial is flat (a near-repeated root) P and P' are both rounding noise and a step
     # could jump anywhere: stop there (the caller refines such entries). Elsewhere a noisy step is at
     # most ~eps hi^4 / (1e-8 hi^3), far too small to leave the root's neighbourhood.
     ok = dp > flat
-    with np.errstate(divide="ignore", invalid="ignore"):
-        step = np.where(ok, p / np.where(ok, dp, 1.0), 0.0)
+    step = np.divide(p, dp, out=p)  # inf/NaN where dp is 0: masked by ``ok`` below
     # Only downward steps are taken: from the upper bound the iteration approaches the largest root
-    # monotonically, and a non-positive step means rounding noise has been reached.
-    new = np.where(step > 0, lam - step, lam)
-    done = ~ok | ~(step > tol)
-    return new, done
+    # monotonically, and a non-positive step means rounding noise has been reached. The last step
+    # (not larger than tol) is still taken.
+    move = step > 0
+    move &= ok
+    np.subtract(lam, step, out=lam, where=move)
+    cont = step > tol
+    cont &= ok
+    return cont
 
 
 def _qcp_newton(c2, c1, c0, lam0, hi):
     """Largest root of the QCP quartic by Newton's method from ``hi`` (:func:`_qcp_start`).
 
     Returns ``(lam, iters)``, both of the shape of the inputs (1-D); ``iters`` counts the loop passes,
-    as the kernel does. Converged entries are dropped from the working set as they finish.
+    as the kernel does. An entry stops at the pass that finishes it (as the kernel's thread exits): its
+    value is stored and it leaves the working set, which is compacted only on the (few) passes where
+    some entries finish and others go on; ~19 ufunc calls per pass and no ``np.where`` (whose
+    per-element branches cost as much as the arithmetic).
     """
-    lam0 = np.asarray(lam0, dtype=np.float64)
-    lam = np.array(hi, dtype=np.float64)
+    shape = np.shape(hi)
+    lam = np.array(hi, dtype=np.float64).reshape(-1)
     iters = np.full(lam.shape, _MAX_ITERS, dtype=np.int32)
-    lam_flat, it_flat = lam.reshape(-1), iters.reshape(-1)
-    idx = np.arange(lam.size)
-    wc2, wc1, wc0, wl = c2.ravel(), c1.ravel(), c0.ravel(), lam_flat.copy()
-    wtol = _NEWTON_RTOL * np.abs(lam0.ravel())
+    wl = lam.copy()
+    wc2, wc1, wc0 = (np.asarray(v, dtype=np.float64).reshape(-1) for v in (c2, c1, c0))
+    wtol = _NEWTON_RTOL * np.abs(np.asarray(lam0, dtype=np.float64).reshape(-1))
     wflat = _NEWTON_FLAT * wl * wl * wl
-    wit = it_flat.copy()
-    active = np.ones(wl.shape, dtype=bool)
-    for it in range(1, _MAX_ITERS + 1):
-        new, done = _newton_step(wl, wc2, wc1, wc0, wtol, wflat)
-        wl = np.where(active, new, wl)  # finished entries stay frozen, as the kernel's threads exit
-        wit[active & done] = it
-        active &= ~done
-        n_active = int(np.count_nonzero(active))
-        if n_active == 0:
-            break
-        # Compacting the working set costs a gather per array; worth it once a good share of the
-        # entries has finished.
-        if 4 * (active.size - n_active) > active.size:
-            fin = ~active
-            lam_flat[idx[fin]] = wl[fin]
-            it_flat[idx[fin]] = wit[fin]
-            keep = (idx, wl, wc2, wc1, wc0, wtol, wflat, wit)
-            idx, wl, wc2, wc1, wc0, wtol, wflat, wit = (v[active] for v in keep)
-            active = np.ones(wl.shape, dtype=bool)
-    lam_flat[idx] = wl
-    it_flat[idx] = wit
-    return lam, iters
+    idx = None  # positions of the working set in ``lam`` (None: all, in order)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for it in range(1, _MAX_ITERS + 1):
+            cont = _newton_step(wl, wc2, wc1, wc0, wtol, wflat)
+            n_cont = int(np.count_nonzero(cont))
+            if n_cont == cont.size:
+                continue
+            fin = ~cont
+            where = fin if idx is None else idx[fin]
+            lam[where] = wl[fin]
+            iters[where] = it
+            if n_cont == 0:
+                return lam.reshape(shape), iters.reshape(shape)
+            idx = np.flatnonzero(cont) if idx is None else idx[cont]
+            wl, wc2, wc1, wc0, wtol, wflat = (v[cont] for v in (wl, wc2, wc1, wc0, wtol, wflat))
+    lam[slice(None) if idx is None else idx] = wl  # entries still going after _MAX_ITERS passes
+    return lam.reshape(shape), iters.reshape(shape)
 
 
 def _adjugate_rows(k, lam):
@@ -361,48 +368,77 @@ def _quaternion_to_rotation(q):
     return r
 
 
-def _rmsd_from_lambda(ga, gb, lam, inv_w):
-    """``sqrt(max(0, (G_A + G_B - 2 lam) / W))``; NaN stays NaN."""
-    e = (ga + gb - 2.0 * lam) * inv_w
-    return np.sqrt(np.where(e > 0, e, np.where(np.isnan(e), np.nan, 0.0)))
+def _rmsd_from_lambda(gsum, lam, inv_w):
+    """``sqrt(max(0, (G_A + G_B - 2 lam) / W))`` with ``gsum = G_A + G_B``; NaN stays NaN (np.maximum
+    propagates it)."""
+    e = gsum - 2.0 * lam
+    e *= inv_w
+    np.maximum(e, 0.0, out=e)
+    return np.sqrt(e, out=e)
+
+
+def _qcp_top_quaternion(m, lam0=None):
+    """Unit quaternion (P, 4) float64 of the optimal rotation for ``m`` (P, 3, 3) float64 (``M = sum w
+    x y^T`` of centred sets), and K's 10 entries.
+
+    ``lam0`` (P,) is ``(G_A + G_B) / 2``, Newton's start bound and the scale of its tolerances. None
+    (the G's unknown, e.g. a fit from sums only, ``protgpu.scoring._kabsch``): the other bound
+    ``sqrt(3) |M|_F`` serves as both.
+    """
+    s = [m[:, i, j] for i in range(3) for j in range(3)]
+    c2, c1, c0, k = _qcp_coefficients(s)
+    if lam0 is None:
+        lam0 = np.sqrt(np.maximum(-1.5 * c2, 0.0))
+    hi = _qcp_start(c2, lam0)
+    lam, _ = _qcp_newton(c2, c1, c0, lam0, hi)
+    return _qcp_quaternion(k, lam, hi), k
 
 
 def _qcp_full(m, ga, gb, inv_w):
-    """QCP with the rotation: ``m`` (P, 3, 3) float64, ``ga`` (P,), ``gb`` scalar or (P,).
+    """QCP with the rotation: ``m`` (P, 3, 3) float64, ``ga`` (P,), ``gb`` scalar or (P,), ``inv_w``
+    scalar or (P,).
 
     Returns ``(rmsd (P,), rotation (P, 3, 3))``; the RMSD is that of the returned rotation
     (Rayleigh quotient of its quaternion).
     """
-    s = [m[:, i, j] for i in range(3) for j in range(3)]
-    c2, c1, c0, k = _qcp_coefficients(s)
-    lam0 = 0.5 * (ga + gb)
-    hi = _qcp_start(c2, lam0)
-    lam, _ = _qcp_newton(c2, c1, c0, lam0, hi)
-    q = _qcp_quaternion(k, lam, hi)
-    lam_r = _rayleigh(k, q)
-    return _rmsd_from_lambda(ga, gb, lam_r, inv_w), _quaternion_to_rotation(q)
+    gsum = ga + gb
+    q, k = _qcp_top_quaternion(m, 0.5 * gsum)
+    return _rmsd_from_lambda(gsum, _rayleigh(k, q), inv_w), _quaternion_to_rotation(q)
 
 
-def _qcp_rmsd_only(s, ga, gb, inv_w):
-    """QCP RMSD without the rotation (all-vs-all): ``s`` 9 arrays (P,), ``ga``, ``gb`` (P,).
+def _qcp_rmsd_only(s, gsum, inv_w):
+    """QCP RMSD without the rotation (all-vs-all): ``s`` 9 float64 arrays (P,) (the entries of M),
+    ``gsum`` (P,) float64 ``G_A + G_B`` of each pair. Returns the RMSDs (P,) float64.
 
     Pairs at a near-repeated root (Newton slow, or the polynomial flat at its result) are refined by
     the Rayleigh quotient of their quaternion, as the kernel does.
     """
     c2, c1, c0, k = _qcp_coefficients(s)
-    lam0 = 0.5 * (ga + gb)
+    lam0 = 0.5 * gsum
     hi = _qcp_start(c2, lam0)
     lam, iters = _qcp_newton(c2, c1, c0, lam0, hi)
     # Near-repeated roots: Newton converged slowly, or it stopped where the polynomial is flat (its
     # rounding noise then moves l by up to ~eps hi^4 / |P'|). The quaternion path (adjugate, or
     # Jacobi when the adjugate vanishes) and its Rayleigh quotient are accurate there.
-    flat = ~(np.abs((4.0 * lam * lam + 2.0 * c2) * lam + c1) > _ADJ_TINY * hi * hi * hi)
-    slow = (iters > _SLOW_ITERS) | (flat & (hi > 0))
+    # flat = not |P'(l)| > 1e-3 hi^3, P'(l) = (4 l^2 + 2 C2) l + C1; in place, in the kernel's order.
+    dp = 4.0 * lam
+    dp *= lam
+    dp += 2.0 * c2
+    dp *= lam
+    dp += c1
+    np.abs(dp, out=dp)
+    thr = _ADJ_TINY * hi
+    thr *= hi
+    thr *= hi
+    slow = dp > thr
+    np.logical_not(slow, out=slow)
+    slow &= hi > 0
+    slow |= iters > _SLOW_ITERS
     if slow.any():
         ks = [v[slow] for v in k]
         q = _qcp_quaternion(ks, lam[slow], hi[slow])
         lam[slow] = _rayleigh(ks, q)
-    return _rmsd_from_lambda(ga, gb, lam, inv_w)
+    return _rmsd_from_lambda(gsum, lam, inv_w)
 
 
 # ==================================================================================================
@@ -638,14 +674,29 @@ def _moments_numpy(x, ops: _MomentOperands):
     ``W |c - s|^2`` of the size of the frame's spread, wherever it lies, so the subtraction loses no
     more than a few bits; the frame needs no separate centroid pass.
     """
+    return _moments_finish(*_moments_shift(x, ops), ops)
+
+
+def _moments_shift(x, ops: _MomentOperands):
+    """The first half of :func:`_moments_numpy`, which calls no BLAS (it can run on worker threads
+    while BLAS, threaded itself, makes another chunk's GEMM): the shifted frames ``d`` flattened
+    (F, 3N) float64, the shift ``s`` (F, 3), and ``Q`` (F,) when unweighted (else None: a GEMV)."""
     f, n = x.shape[:2]
     xd = np.array(x, dtype=np.float64)  # a copy: shifted in place below
     s = xd[:, 0, :].copy()
     for k in range(3):  # one strided pass per coordinate (a (F, 1, 3) broadcast is ~5x slower)
         xd[:, :, k] -= s[:, k, None]
     flat = xd.reshape(f, 3 * n)
+    q = np.einsum("fk,fk->f", flat, flat) if ops.w3 is None else None
+    return flat, s, q
+
+
+def _moments_finish(flat, s, q, ops: _MomentOperands):
+    """The second half of :func:`_moments_numpy`: the GEMM (and the weighted GEMV) and the 13 numbers."""
+    f = flat.shape[0]
     r = flat @ ops.wmat
-    q = np.einsum("fk,fk->f", flat, flat) if ops.w3 is None else (flat * flat) @ ops.w3
+    if q is None:
+        q = (flat * flat) @ ops.w3
     cs = r[:, 9:] * ops.inv_w
     m = r[:, :9].reshape(f, 3, 3) - cs[:, :, None] * ops.wyc_sum[None, None, :]
     ga = np.maximum(q - np.einsum("fi,fi->f", cs, cs) / ops.inv_w, 0.0)
@@ -662,8 +713,13 @@ def _direct_rmsd_numpy(xs, cx, rot, yc, w, inv_w):
     return np.sqrt((sq.sum(axis=1) if w is None else sq @ w) * inv_w)
 
 
-def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_coords=False):
+def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_coords=False,
+                threads: int | None = None):
     """The NumPy twin of :func:`rmsd` / :func:`superpose` (also their CPU path).
+
+    Frame chunks (moments, QCP, re-measures, moved coordinates) run on a pool of ``threads`` threads
+    when there are several; every frame's numbers are the same for any ``threads`` (the chunks do not
+    depend on it, and every step is per frame).
 
     Parameters
     ----------
@@ -678,12 +734,24 @@ def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_co
         Weights of the fitted and measured atoms.
     want_coords : bool
         Also return all atoms of ``x`` moved onto the reference.
+    threads : int, optional
+        Worker threads (default: the usable CPU cores); the result does not depend on it.
 
     Returns
     -------
     rmsd (F,) float64, rotation (F, 3, 3) float64, translation (F, 3) float64, coords (F, N, 3) of
     ``x``'s float dtype or None.
     """
+    n_threads = _cpu_threads() if threads is None else max(1, int(threads))
+    # A pool only where there are several cache-sized chunks of frames to share out.
+    if n_threads > 1 and x.shape[0] * x.shape[1] * 3 * 8 * 2 >= 4 * _CACHE_CHUNK_BYTES:
+        with concurrent.futures.ThreadPoolExecutor(n_threads, thread_name_prefix="protgpu-rmsd") as pool:
+            return _rmsd_numpy_run(x, ref, fit, meas, w_fit, w_meas, want_coords, pool, n_threads)
+    return _rmsd_numpy_run(x, ref, fit, meas, w_fit, w_meas, want_coords, None, 1)
+
+
+def _rmsd_numpy_run(x, ref, fit, meas, w_fit, w_meas, want_coords, pool, n_threads):
+    """:func:`_rmsd_numpy` with its pool of ``n_threads`` threads (or None: all in this thread)."""
     ref_fit, ref_meas = ref
     f, n = x.shape[:2]
     yc, cy, gb, inv_w = _centre_reference(ref_fit, w_fit)
@@ -691,26 +759,54 @@ def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_co
     # 1. Moments, in chunks small enough for the float64 copy to stay in cache.
     cx, ga, m = np.empty((f, 3)), np.empty(f), np.empty((f, 3, 3))
     chunk = rows_per_chunk(len(yc) * 3 * 8 * 2, f, _CACHE_CHUNK_BYTES)
-    for f0 in range(0, f, chunk):
+
+    def shift(f0):
         f1 = min(f, f0 + chunk)
-        xf = x[f0:f1] if fit is None else x[f0:f1, fit]
-        cx[f0:f1], ga[f0:f1], m[f0:f1] = _moments_numpy(xf, ops)
-    # 2. QCP for all frames at once (13 numbers per frame).
-    r, rot = _qcp_full(m, ga, gb, inv_w)
+        return _moments_shift(x[f0:f1] if fit is None else x[f0:f1, fit], ops)
+
+    # The shifted copies on the pool (a bounded number ahead), each chunk's GEMM here, in order: BLAS
+    # threads its GEMM over the cores itself, and is not called from several threads at once.
+    starts = range(0, f, chunk)
+    ahead = 2 * n_threads if pool is not None else 0
+    pending = [pool.submit(shift, f0) for f0 in starts[:ahead]] if pool is not None else []
+    for k, f0 in enumerate(starts):
+        if pool is None:
+            prepared = shift(f0)
+        else:
+            prepared = pending[k].result()
+            pending[k] = None  # drop the chunk's copy once used
+            if k + ahead < len(starts):
+                pending.append(pool.submit(shift, starts[k + ahead]))
+        f1 = min(f, f0 + chunk)
+        cx[f0:f1], ga[f0:f1], m[f0:f1] = _moments_finish(*prepared, ops)
+    # 2. QCP (13 numbers per frame), in groups of frames whose temporaries stay in cache.
+    r, rot = np.empty(f), np.empty((f, 3, 3))
+
+    group = _qcp_group(n_threads)
+
+    def qcp(f0):
+        f1 = min(f, f0 + group)
+        r[f0:f1], rot[f0:f1] = _qcp_full(m[f0:f1], ga[f0:f1], gb, inv_w)
+
+    _run(pool, qcp, range(0, f, group))
     t = cy - np.einsum("fij,fj->fi", rot, cx)
     if ref_meas is None:
         # Near-identical frames: re-measure without the cancellation (module notes).
         small = np.flatnonzero(r * r <= _DIRECT_TAU * (ga + gb) * inv_w)
         chunk = rows_per_chunk(len(yc) * 3 * 8 * 3, max(small.size, 1), _CACHE_CHUNK_BYTES)
-        for k0 in range(0, small.size, chunk):
+
+        def direct(k0):
             sel = small[k0:k0 + chunk]
             xs = x[sel] if fit is None else x[sel][:, fit]
             r[sel] = _direct_rmsd_numpy(xs, cx[sel], rot[sel], yc, w_fit, inv_w)
+
+        _run(pool, direct, range(0, small.size, chunk))
     # 3. Measured atoms other than the fitted ones, and the moved coordinates.
     coords = np.empty(x.shape, dtype=_float_dtype(x.dtype)) if want_coords else None
     if ref_meas is not None or want_coords:
-        chunk = rows_per_chunk(max(n, 1) * 3 * 8 * 3, f, _CPU_CHUNK_BYTES)
-        for f0 in range(0, f, chunk):
+        chunk = rows_per_chunk(max(n, 1) * 3 * 8 * 3, f, _CACHE_CHUNK_BYTES)
+
+        def moved(f0):
             f1 = min(f, f0 + chunk)
             rt = rot[f0:f1].transpose(0, 2, 1)
             if ref_meas is not None:
@@ -722,13 +818,20 @@ def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_co
                     r[f0:f1] = np.sqrt(np.einsum("fni,fni,n->f", d, d, w_meas) / w_meas.sum())
             if want_coords:
                 coords[f0:f1] = np.matmul(np.asarray(x[f0:f1], dtype=np.float64), rt) + t[f0:f1, None, :]
+
+        _run(pool, moved, range(0, f, chunk))
     return r, rot, t, coords
 
 
 # ==================================================================================================
 # CUDA path: RMSD / superposition to one reference
 
-_WARP_THREADS = 256  # blocks of the warp-per-frame kernels (8 frames per block)
+_WARP_THREADS = 256  # blocks of the warp-per-frame kernels (8 warps per block)
+_STREAM_TILE = 4096  # frames per tile side when streaming to host memory (see _pairwise_cuda)
+_STREAM_PANEL_BYTES = 3 << 30  # most bytes of 3x3 blocks per GEMM panel when streaming
+_STREAM_STRIP_BYTES = 256 << 20  # most bytes of a condensed row strip when streaming (see _stream_condensed)
+_MOMENT_LANES = 32  # lanes per frame in frame_moments_* (kernels/qcp.cu: MOMENT_LANES, measured)
+_MOMENT_THREADS = 128  # blocks of frame_moments_* (measured on the H200, see kernels/qcp.cu)
 _QCP_THREADS = 128
 _PAIR_BLOCK = (32, 8)  # qcp_pairs_* blocks: PAIR_BX (fixed: a warp) x PAIR_BY (a #define)
 
@@ -736,7 +839,7 @@ _PAIR_BLOCK = (32, 8)  # qcp_pairs_* blocks: PAIR_BX (fixed: a warp) x PAIR_BY (
 def _qcp_defines():
     return {"QCP_MAX_ITERS": _MAX_ITERS, "QCP_SLOW_ITERS": _SLOW_ITERS, "QCP_NEWTON_RTOL": repr(_NEWTON_RTOL),
             "QCP_NEWTON_FLAT": repr(_NEWTON_FLAT), "QCP_ADJ_TINY": repr(_ADJ_TINY),
-            "QCP_JACOBI_SWEEPS": _JACOBI_SWEEPS, "PAIR_BY": _PAIR_BLOCK[1]}
+            "QCP_JACOBI_SWEEPS": _JACOBI_SWEEPS, "PAIR_BY": _PAIR_BLOCK[1], "MOMENT_LANES": _MOMENT_LANES}
 
 
 def _kernel(entry):
@@ -746,9 +849,10 @@ def _kernel(entry):
     return _cuda.get_kernel("qcp", entry, _qcp_defines())
 
 
-def _warp_grid(n_frames: int) -> tuple:
-    """Grid of the warp-per-frame kernels (they loop over frames, so the cap only bounds the grid)."""
-    per_block = _WARP_THREADS // 32
+def _warp_grid(n_frames: int, frames_per_warp: int = 1, threads: int = _WARP_THREADS) -> tuple:
+    """Grid of the warp-per-frame kernels (they loop over frames, so the cap only bounds the grid);
+    ``frames_per_warp`` for ``frame_moments_*``, whose warps take 32 / MOMENT_LANES frames at once."""
+    per_block = threads // 32 * frames_per_warp
     return (int(max(1, min(-(-n_frames // per_block), 1 << 20))),)
 
 
@@ -799,8 +903,8 @@ def _rmsd_cuda(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_coo
         nf = f1 - f0
         xs = cp.ascontiguousarray(cp.asarray(x[f0:f1]), dtype=dt)
         mom = cp.empty((nf, 13))
-        _launch(h_mom, _warp_grid(nf), (_WARP_THREADS,), xs, idx_d, ref_d, mom, nf, n_atoms, n, weighted,
-                float(inv_w), float(wyc[0]), float(wyc[1]), float(wyc[2]))
+        _launch(h_mom, _warp_grid(nf, 32 // _MOMENT_LANES, _MOMENT_THREADS), (_MOMENT_THREADS,), xs, idx_d, ref_d, mom,
+                nf, n_atoms, n, weighted, float(inv_w), float(wyc[0]), float(wyc[1]), float(wyc[2]))
         if f0 == 0:
             # Set up the rest while the device reads the frames (host time before the first launch is
             # device idle time for a caller timing the whole call).
@@ -984,11 +1088,24 @@ class _Sink:
     with ``__setitem__``): dense (mirrored across the diagonal for symmetric runs) or condensed."""
 
     def __init__(self, out, n: int, symmetric: bool, condensed: bool):
+        import threading
+
         self.out, self.n, self.symmetric, self.condensed = out, n, symmetric, condensed
+        # Tiles are disjoint regions, so NumPy destinations (np.memmap too) take writes from several
+        # threads at once; other stores (Zarr) may share a chunk between tiles and rewrite it whole,
+        # so their writes go one at a time.
+        self._lock = None if isinstance(out, np.ndarray) else threading.Lock()
 
     def write(self, i0, i1, j0, j1, tile):
         """``tile`` (i1 - i0, j1 - j0) on the host; for symmetric runs it holds valid values at
         least for the pairs with i < j (diagonal tiles: upper triangle and a zero diagonal)."""
+        if self._lock is None:
+            self._write(i0, i1, j0, j1, tile)
+        else:
+            with self._lock:
+                self._write(i0, i1, j0, j1, tile)
+
+    def _write(self, i0, i1, j0, j1, tile):
         out = self.out
         if self.condensed:
             for i in range(i0, i1):
@@ -1010,59 +1127,121 @@ class _Sink:
                     out[j0:j1, i0 + b0:i0 + b1] = tile[b0:b1].T
 
 
-def _centre_frames_numpy(x, w, fit):
+def _centre_frames_numpy(x, w, fit, pool=None):
     """Centred, weight-scaled frames as the stacked (3F, N) float64 matrix of the GEMM formulation,
-    and ``G`` (F,) float64. Row ``3f + c`` is coordinate c of frame f times sqrt(w)."""
-    xf = x if fit is None else x[:, fit]
-    f, n = xf.shape[:2]
+    and ``G`` (F,) float64. Row ``3f + c`` is coordinate c of frame f times sqrt(w).
+
+    Frames go in cache-sized chunks (their float64 temporaries stay in cache), on ``pool``'s threads
+    when one is given; each frame's numbers do not depend on the chunking or on the threads."""
+    f = x.shape[0]
+    n = x.shape[1] if fit is None else len(fit)
     a = np.empty((3 * f, n))
     g = np.empty(f)
     sw = None if w is None else np.sqrt(w)
-    chunk = rows_per_chunk(n * 3 * 8 * 3, f, _CPU_CHUNK_BYTES)
-    for f0 in range(0, f, chunk):
+    chunk = rows_per_chunk(n * 3 * 8 * 3, f, _CACHE_CHUNK_BYTES)
+
+    def work(f0):
         f1 = min(f, f0 + chunk)
-        xd = np.asarray(xf[f0:f1], dtype=np.float64)
+        xd = np.asarray(x[f0:f1] if fit is None else x[f0:f1, fit], dtype=np.float64)
         cx = xd.mean(axis=1) if w is None else np.einsum("fni,n->fi", xd, w) / w.sum()
         c = (xd - cx[:, None, :]).transpose(0, 2, 1)
         if sw is not None:
             c = c * sw
         g[f0:f1] = np.einsum("fin,fin->f", c, c)
         a[3 * f0:3 * f1] = c.reshape(-1, n)
+
+    _run(pool, work, range(0, f, chunk))
     return a, g
 
 
-def _qcp_tile_numpy(blocks, ga, gb, inv_w, upper: bool):
+def _run(pool, fn, items):
+    """``fn(item)`` for every item: on ``pool``'s threads when given (NumPy's ufuncs and BLAS release
+    the GIL), else in order here. Each call writes its own part of the result, so the order of
+    completion does not matter; the first exception is raised."""
+    items = list(items)
+    if pool is None or len(items) < 2:
+        for it in items:
+            fn(it)
+    else:
+        for fut in [pool.submit(fn, it) for it in items]:
+            fut.result()
+
+
+def _qcp_group(threads: int) -> int:
+    """Pairs (or frames) per vectorised QCP call with ``threads`` workers: ``_QCP_CHUNK_PAIRS`` up to 7
+    threads, twice that from 8, four times from 16. Each NumPy call holds the GIL for ~1 us of Python
+    around its loop, ~25% of a group's time at 8192 pairs: with many threads the GIL rather than the
+    cores would bound the QCP, and larger groups take fewer GIL hand-overs per pair (at ~30% more time
+    per pair on one core at 4x, as their temporaries leave L2). Results do not depend on it."""
+    return _QCP_CHUNK_PAIRS << min(2, max(0, int(threads).bit_length() - 3))
+
+
+def _qcp_tile_numpy(blocks, ga, gb, inv_w, upper: bool, pool=None, group: int | None = None):
     """RMSD for a tile of 3x3 blocks (3 Ti, 3 Tj) (float32 or float64): (Ti, Tj) float64. With
     ``upper`` (a diagonal tile of a symmetric run) only the pairs i < j are computed; the rest is 0.
 
-    The vectorised QCP runs on groups of whole rows of about ``_QCP_CHUNK_PAIRS`` pairs: its ~40
-    temporaries per group then stay in the CPU's cache (on a whole 512 x 512 tile they are 2 MB each,
-    and every step of the QCP would stream from memory)."""
-    ti, tj = blocks.shape[0] // 3, blocks.shape[1] // 3
-    b4 = blocks.reshape(ti, 3, tj, 3)
-    res = np.zeros((ti, tj))
-    rows = max(1, _QCP_CHUNK_PAIRS // max(tj, 1))
-    cols = np.arange(tj)
-    for r0 in range(0, ti, rows):
-        r1 = min(ti, r0 + rows)
-        if upper:
-            ii, jj = np.nonzero(cols[None, :] > np.arange(r0, r1)[:, None])
-            if ii.size == 0:
-                continue
-            ii += r0
-            s = [b4[ii, p, jj, q].astype(np.float64) for p in range(3) for q in range(3)]
-            res[ii, jj] = _qcp_rmsd_only(s, ga[ii], gb[jj], inv_w)
-        else:
-            blk = b4[r0:r1]
-            s = [np.asarray(blk[:, p, :, q], dtype=np.float64).reshape(-1) for p in range(3) for q in range(3)]
-            res[r0:r1] = _qcp_rmsd_only(s, np.repeat(ga[r0:r1], tj), np.tile(gb, r1 - r0), inv_w).reshape(r1 - r0, tj)
+    The vectorised QCP runs on groups of whole rows of about ``group`` pairs (counting only the pairs
+    computed; default ``_QCP_CHUNK_PAIRS``): its temporaries then stay in the CPU's cache (on a whole
+    512 x 512 tile they are 2 MB each, and every step of the QCP would stream from memory), and each
+    group is one task for ``pool``'s threads. Every pair's value is computed elementwise, whatever its
+    group or thread."""
+    res, futures = _qcp_tile_start(blocks, ga, gb, inv_w, upper, pool, group)
+    for fut in futures:
+        fut.result()
     return res
 
 
+def _qcp_tile_start(blocks, ga, gb, inv_w, upper: bool, pool, group=None):
+    """:func:`_qcp_tile_numpy` without the wait: ``(res, futures)``, ``res`` complete once every future
+    is (all done here, and no futures, when ``pool`` is None)."""
+    ti, tj = blocks.shape[0] // 3, blocks.shape[1] // 3
+    b4 = blocks.reshape(ti, 3, tj, 3)
+    res = np.zeros((ti, tj))
+    counts = np.maximum(tj - 1 - np.arange(ti), 0) if upper else np.full(ti, tj)
+    groups, r0, acc = [], 0, 0
+    for i, c in enumerate(counts.tolist()):
+        acc += c
+        if acc >= (group or _QCP_CHUNK_PAIRS) or i == ti - 1:
+            if acc:
+                groups.append((r0, i + 1))
+            r0, acc = i + 1, 0
+
+    def work(rows):
+        r0, r1 = rows
+        if upper:
+            ii, jj = np.nonzero(np.arange(tj)[None, :] > np.arange(r0, r1)[:, None])
+            ii += r0
+            m = np.empty((3, 3, ii.size))
+            np.copyto(m, b4[ii, :, jj, :].transpose(1, 2, 0))  # one gather; float64 whatever the GEMM's
+            s = [m[p, q] for p in range(3) for q in range(3)]
+            res[ii, jj] = _qcp_rmsd_only(s, ga[ii] + gb[jj], inv_w)
+        else:
+            m = np.empty((3, 3, r1 - r0, tj))
+            np.copyto(m, b4[r0:r1].transpose(1, 3, 0, 2))
+            s = [m[p, q].reshape(-1) for p in range(3) for q in range(3)]
+            gsum = (ga[r0:r1, None] + gb[None, :]).reshape(-1)
+            res[r0:r1] = _qcp_rmsd_only(s, gsum, inv_w).reshape(r1 - r0, tj)
+
+    if pool is None:
+        for rows in groups:
+            work(rows)
+        return res, []
+    return res, [pool.submit(work, rows) for rows in groups]
+
+
 def _pairwise_numpy(x, y=None, *, fit=None, weights=None, precision="float64", out=None, condensed=False,
-                    tile: int | None = None, out_dtype=np.float32):
+                    tile: int | None = None, out_dtype=np.float32, threads: int | None = None):
     """The NumPy twin of :func:`pairwise_rmsd` (also its CPU path): the same GEMM formulation through
     NumPy's BLAS and a vectorised QCP, tile by tile.
+
+    Parallel on the CPU's cores: each tile's GEMM is one BLAS call from this thread (BLAS threads it),
+    and the tile's QCP row groups (:func:`_qcp_tile_numpy`) run on a pool of ``threads`` threads (NumPy's
+    ufuncs release the GIL) while this thread makes the next tile's GEMM; the centring goes over frame
+    chunks on the same pool. Tiles are written to ``out`` from this thread, in order, once complete. The
+    result is bitwise the same for any ``threads`` (the groups and chunks do not depend on it, and
+    every pair is computed elementwise) and for any ``tile`` as long as BLAS sums each block entry in
+    the same order whatever the GEMM's shape (OpenBLAS's small-matrix kernels, for tiles of a few
+    frames, can differ by ~1e-13 relative).
 
     Parameters
     ----------
@@ -1078,21 +1257,36 @@ def _pairwise_numpy(x, y=None, *, fit=None, weights=None, precision="float64", o
     condensed : bool
         Condensed output (``y`` None only).
     tile : int, optional
-        Frames per tile side (default 640); the result does not depend on it.
+        Frames per tile side (default ``_CPU_TILE``, 512); the result does not depend on it.
     out_dtype : dtype
         Result dtype when ``out`` is None.
+    threads : int, optional
+        Worker threads (default: the usable CPU cores); the result does not depend on it.
 
     Returns
     -------
     np.ndarray (or ``out``), Angstrom.
     """
+    n_threads = _cpu_threads() if threads is None else max(1, int(threads))
+    n_pairs = x.shape[0] * (x.shape[0] if y is None else y.shape[0])
+    # A pool only where there is work for several threads (starting one costs ~0.1 ms).
+    if n_threads > 1 and n_pairs >= 8 * _QCP_CHUNK_PAIRS:
+        with concurrent.futures.ThreadPoolExecutor(n_threads, thread_name_prefix="protgpu-rmsd") as pool:
+            return _pairwise_numpy_run(x, y, fit, weights, precision, out, condensed, tile, out_dtype, pool,
+                                       _qcp_group(n_threads))
+    return _pairwise_numpy_run(x, y, fit, weights, precision, out, condensed, tile, out_dtype, None,
+                               _QCP_CHUNK_PAIRS)
+
+
+def _pairwise_numpy_run(x, y, fit, weights, precision, out, condensed, tile, out_dtype, pool, group):
+    """:func:`_pairwise_numpy` with its thread pool (or None: all in this thread) and QCP group size."""
     prec = np.dtype(precision)
     symmetric = y is None
-    a, ga = _centre_frames_numpy(x, weights, fit)
+    a, ga = _centre_frames_numpy(x, weights, fit, pool)
     if symmetric:
         b, gb = a, ga
     else:
-        b, gb = _centre_frames_numpy(y, weights, fit)
+        b, gb = _centre_frames_numpy(y, weights, fit, pool)
     a = a.astype(prec, copy=False)
     b = a if symmetric else b.astype(prec, copy=False)
     n = a.shape[1]
@@ -1106,12 +1300,26 @@ def _pairwise_numpy(x, y=None, *, fit=None, weights=None, precision="float64", o
             out[np.arange(f), np.arange(f)] = 0
     sink = _Sink(out, f, symmetric, condensed)
     t = int(tile or _CPU_TILE)
+    # With a pool, the QCP of one tile runs on the pool's threads while this thread makes the next
+    # tile's GEMM (BLAS holds no GIL: its threads use the cores the QCP threads leave while they wait
+    # for the GIL); tiles are written here, in order, once their QCP is complete.
+    pending = None
     for i0, i1, j0, j1 in _tiles(f, g, t, symmetric):
         blocks = a[3 * i0:3 * i1] @ b[3 * j0:3 * j1].T
         diag = symmetric and i0 == j0
-        res = _qcp_tile_numpy(blocks, ga[i0:i1], gb[j0:j1], inv_w, upper=diag)
-        sink.write(i0, i1, j0, j1, res)
+        job = (i0, i1, j0, j1, *_qcp_tile_start(blocks, ga[i0:i1], gb[j0:j1], inv_w, diag, pool, group))
+        if pending is not None:
+            _write_tile(sink, *pending)
+        pending = job
+    if pending is not None:
+        _write_tile(sink, *pending)
     return out
+
+
+def _write_tile(sink, i0, i1, j0, j1, res, futures):
+    for fut in futures:
+        fut.result()
+    sink.write(i0, i1, j0, j1, res)
 
 
 def _gpu_tile_size(f, g, prec_size, out_size, budget, fixed):
@@ -1260,7 +1468,10 @@ def _pairwise_tiles_cuda(x, *, fit=None, weights=None, precision="float64", tile
     t = max(1, min(t, f, 65535 * _PAIR_BLOCK[1]))
     buf = cp.empty(t * t, dtype=plan.odt)
     avail = max(budget - plan.fixed - buf.nbytes, 0)
-    for i0, i1, p0, p1, blocks in _panels(plan, t, avail):
+    blocks = None
+    for i0, i1, p0, p1 in _panels(plan, t, avail):
+        blocks = None  # one panel alive at a time
+        blocks = plan.gemm(i0, i1, p0, p1)
         for j0 in range(p0, p1, t):
             j1 = min(p1, j0 + t)
             dst = buf[:(i1 - i0) * (j1 - j0)].reshape(i1 - i0, j1 - j0)
@@ -1269,16 +1480,18 @@ def _pairwise_tiles_cuda(x, *, fit=None, weights=None, precision="float64", tile
             yield i0, i1, j0, j1, dst
 
 
-def _panels(plan, t, avail):
-    """``(i0, i1, p0, p1, blocks)``: row tiles of ``t`` frames, each against its columns (from ``i0`` when
-    symmetric) in panels of whole tiles, one GEMM per panel, panels as wide as ``avail`` bytes allow."""
-    for i0 in range(0, plan.f, t):
+def _panels(plan, t, avail, row_starts=None):
+    """``(i0, i1, p0, p1)``: row tiles of ``t`` frames (those starting at ``row_starts``, default all),
+    each against its columns (from ``i0`` when symmetric) in panels of whole tiles (one GEMM each),
+    panels as wide as ``avail`` bytes allow. The caller runs each panel's GEMM after dropping the
+    previous panel, so one panel is alive at a time."""
+    for i0 in (range(0, plan.f, t) if row_starts is None else row_starts):
         i1 = min(plan.f, i0 + t)
         start = i0 if plan.symmetric else 0
         p0 = start
         while p0 < plan.g:
             p1 = p0 + plan.panel_cols(i1 - i0, avail, t, p0)
-            yield i0, i1, p0, p1, plan.gemm(i0, i1, p0, p1)
+            yield i0, i1, p0, p1
             p0 = p1
 
 
@@ -1296,7 +1509,6 @@ def _pairwise_cuda(x, y=None, *, fit=None, weights=None, precision="float64", ou
     it into ``out``. Returns ``out``, the host result, or (``host_result=False``) the CuPy result.
     """
     import cupy as cp
-    import cupyx
 
     plan = _PairPlan(x, y, fit, weights, precision, out.dtype if out is not None else out_dtype)
     f, g, odt, symmetric = plan.f, plan.g, plan.odt, plan.symmetric
@@ -1334,7 +1546,7 @@ def _pairwise_cuda(x, y=None, *, fit=None, weights=None, precision="float64", ou
                 if tile:
                     p1 = min(p1, p0 + cols)
                 blocks = plan.gemm(i0, i1, p0, p1)
-                plan.qcp(blocks, p0, i0, i1, p0, p1, dst, g, i0, p0, mode)
+                plan.qcp(blocks, p0, i0, i1, p0, p1, dst, g, 0 if condensed else i0, p0, mode)
                 del blocks
                 p0 = p1
         return dst.get() if host_result else dst
@@ -1345,26 +1557,133 @@ def _pairwise_cuda(x, y=None, *, fit=None, weights=None, precision="float64", ou
         if symmetric and not condensed:
             out[np.arange(f), np.arange(f)] = 0
     sink = _Sink(out, f, symmetric, condensed)
-    t = tile or _gpu_tile_size(f, g, plan.prec.itemsize, odt.itemsize, budget, plan.fixed)
+    # The host writes bound a streamed run's speed, not the tile size: tiles of at most _STREAM_TILE
+    # frames and GEMM panels of at most _STREAM_PANEL_BYTES keep its device footprint to a few GB
+    # (50,000 x 300 frames: ~3 GB) however large the budget.
+    if condensed and not tile:
+        _stream_condensed(plan, out, budget)
+        return out
+    t = tile or min(_STREAM_TILE, _gpu_tile_size(f, g, plan.prec.itemsize, odt.itemsize, budget, plan.fixed))
     t = max(1, min(int(t), max(f, g), 65535 * _PAIR_BLOCK[1]))
+    _stream_tiles(plan, sink, t, budget)
+    return out
+
+
+def _condensed_strip_rows(f: int, itemsize: int) -> int:
+    """Rows per strip when streaming a condensed result: a strip's part of the vector (at most
+    ~``_STREAM_STRIP_BYTES``, its first rows being the longest) is one contiguous block."""
+    rows = _STREAM_STRIP_BYTES // max(1, itemsize * max(f - 1, 1))
+    return int(max(32, min(8192, rows - rows % 32 if rows >= 64 else rows)))
+
+
+def _stream_condensed(plan, out, budget, row_starts=None, rows=None):
+    """The condensed vector of a symmetric run streamed to the host in row strips: the pairs of rows
+    [i0, i1) against every later frame are one contiguous block of SciPy's layout, so the kernel writes
+    them straight into a device strip buffer in that order, one device-to-host copy moves the block and
+    one NumPy copy stores it (few large operations per strip: the host side releases the GIL and keeps
+    up with several GPUs, where a tile's row segments would be one Python-level copy each)."""
+    import threading
+
+    import cupy as cp
+    import cupyx
+
+    f, odt = plan.f, plan.odt
+    rows = rows or _condensed_strip_rows(f, odt.itemsize)
+    rows = max(1, min(int(rows), f, 65535 * _PAIR_BLOCK[1]))
+
+    def start(i):  # condensed index of pair (i, i + 1)
+        return i * f - i * (i + 1) // 2
+
+    cap = start(min(f, rows)) - start(0)  # the first strip is the longest
+    n_writers = _stream_writers()
+    n_buf = n_writers + 1
     compute = cp.cuda.get_current_stream()
     copy_stream = cp.cuda.Stream(non_blocking=True)
-    dev_tiles = [cp.empty((t, t), dtype=odt) for _ in range(2)]
-    host_tiles = [cupyx.empty_pinned((t, t), dtype=odt) for _ in range(2)]
-    avail = max(budget - plan.fixed - 2 * dev_tiles[0].nbytes, 0)
-    copied = [None, None]
-    pending: list = [None, None]
+    dev_bufs = [cp.empty(max(cap, 1), dtype=odt) for _ in range(n_buf)]
+    host_bufs = [cupyx.empty_pinned(max(cap, 1), dtype=odt) for _ in range(n_buf)]
+    avail = min(max(budget - plan.fixed - n_buf * dev_bufs[0].nbytes, 0), _STREAM_PANEL_BYTES)
+    copied: list = [None] * n_buf
+    pending: list = [None] * n_buf
+    # NumPy destinations take strips from several writers at once (disjoint blocks); others (Zarr may
+    # share a chunk between strips) one at a time.
+    lock = None if isinstance(out, np.ndarray) else threading.Lock()
+
+    def store(ev, buf, k0, k1):
+        ev.synchronize()
+        if lock is None:
+            out[k0:k1] = buf
+        else:
+            with lock:
+                out[k0:k1] = buf
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=n_writers) as writer:
+        k = 0
+        for i0 in (range(0, f, rows) if row_starts is None else row_starts):
+            i1 = min(f, i0 + rows)
+            k0, k1 = start(i0), start(i1)
+            if k1 == k0:
+                continue
+            s = k % n_buf
+            k += 1
+            if copied[s] is not None:
+                compute.wait_event(copied[s])
+            dst = dev_bufs[s][:k1 - k0]
+            p0 = i0
+            blocks = None
+            while p0 < f:
+                p1 = p0 + plan.panel_cols(i1 - i0, avail, 32, p0)
+                blocks = None  # one panel alive at a time
+                blocks = plan.gemm(i0, i1, p0, p1)
+                plan.qcp(blocks, p0, i0, i1, p0, p1, dst, 0, k0, 0, _CONDENSED)
+                p0 = p1
+            blocks = None
+            done = compute.record()
+            if pending[s] is not None:
+                pending[s].result()
+            copy_stream.wait_event(done)
+            host_view = host_bufs[s][:k1 - k0]
+            cp.asnumpy(dst, stream=copy_stream, out=host_view, blocking=False)
+            copied[s] = copy_stream.record()
+            pending[s] = writer.submit(store, copied[s], host_view, k0, k1)
+        for p in pending:
+            if p is not None:
+                p.result()
+
+
+def _stream_tiles(plan, sink, t, budget, row_starts=None):
+    """Every tile of the row tiles ``row_starts`` (default all) computed on the current device and
+    stored into ``sink``: each finished tile is copied device-to-host on a second stream into one of two
+    pinned buffers while the next tile computes, and a writer thread stores it."""
+    import cupy as cp
+    import cupyx
+
+    odt, symmetric = plan.odt, plan.symmetric
+    compute = cp.cuda.get_current_stream()
+    copy_stream = cp.cuda.Stream(non_blocking=True)
+    # Host memory bandwidth (writes into out) is what bounds streaming, so several writer threads
+    # store tiles at once (NumPy copies release the GIL); each needs its own pinned buffer, plus one
+    # being filled by the copy engine.
+    n_writers = _stream_writers()
+    n_buf = n_writers + 1
+    dev_tiles = [cp.empty((t, t), dtype=odt) for _ in range(n_buf)]
+    host_tiles = [cupyx.empty_pinned((t, t), dtype=odt) for _ in range(n_buf)]
+    avail = min(max(budget - plan.fixed - n_buf * dev_tiles[0].nbytes, 0), _STREAM_PANEL_BYTES)
+    copied: list = [None] * n_buf
+    pending: list = [None] * n_buf
 
     def store(ev, buf, i0, i1, j0, j1):
         ev.synchronize()
         sink.write(i0, i1, j0, j1, buf[: i1 - i0, : j1 - j0])
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as writer:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=n_writers) as writer:
         k = 0
-        for i0, i1, p0, p1, blocks in _panels(plan, t, avail):
+        blocks = None
+        for i0, i1, p0, p1 in _panels(plan, t, avail, row_starts):
+            blocks = None  # back to the pool (stream-ordered) before the next panel is allocated
+            blocks = plan.gemm(i0, i1, p0, p1)
             for j0 in range(p0, p1, t):
                 j1 = min(p1, j0 + t)
-                s = k % 2
+                s = k % n_buf
                 k += 1
                 ti, tj = i1 - i0, j1 - j0
                 if copied[s] is not None:
@@ -1383,6 +1702,84 @@ def _pairwise_cuda(x, y=None, *, fit=None, weights=None, precision="float64", ou
         for p in pending:
             if p is not None:
                 p.result()
+
+
+def _stream_writers() -> int:
+    """Writer threads per device when streaming to the host: up to 3, fewer on small machines."""
+    return int(max(1, min(3, _cpu_threads() // 2)))
+
+
+def _device_ids(devices) -> list[int]:
+    """GPU ordinals from ``devices``: None (the current one), "all", a count, or a list of ordinals."""
+    import cupy as cp
+
+    n_visible = cp.cuda.runtime.getDeviceCount()
+    if devices is None:
+        return [cp.cuda.runtime.getDevice()]
+    if isinstance(devices, str):
+        if devices != "all":
+            raise InputError(f"devices={devices!r}: use 'all', a count, or a list of GPU ordinals")
+        return list(range(n_visible))
+    if isinstance(devices, (int, np.integer)):
+        if not 1 <= int(devices) <= n_visible:
+            raise InputError(f"devices={devices}: {n_visible} GPU(s) visible")
+        return list(range(int(devices)))
+    ids = [int(d) for d in devices]
+    if not ids or len(set(ids)) != len(ids) or not all(0 <= d < n_visible for d in ids):
+        raise InputError(f"devices={list(devices)}: give distinct GPU ordinals in 0..{n_visible - 1}")
+    return ids
+
+
+def _pairwise_multi_gpu(x, y, *, fit, weights, precision, out, condensed, devices, tile=None,
+                        out_dtype=np.float32):
+    """:func:`_pairwise_cuda`'s streaming path spread over several GPUs: one host thread per device
+    takes row tiles from a shared queue (largest first, so the triangle's work evens out), with its own
+    copy of the centred frames, its own streams and writer, into the one host destination (tiles are
+    disjoint regions of it)."""
+    import threading
+    from collections import deque
+
+    import cupy as cp
+
+    f = x.shape[0]
+    g = f if y is None else y.shape[0]
+    symmetric = y is None
+    shape = (f * (f - 1) // 2,) if condensed else (f, g)
+    odt = np.dtype(out.dtype if out is not None else out_dtype)
+    if out is None:
+        check_host_fits(int(np.prod(shape)) * odt.itemsize, "the RMSD matrix")
+        out = np.empty(shape, dtype=odt)
+        if symmetric and not condensed:
+            out[np.arange(f), np.arange(f)] = 0
+    sink = _Sink(out, f, symmetric, condensed)
+    strips = condensed and not tile
+    if strips:
+        t = _condensed_strip_rows(f, odt.itemsize)
+    else:
+        t = max(1, min(int(tile or _STREAM_TILE), max(f, g), 65535 * _PAIR_BLOCK[1]))
+    queue = deque(range(0, f, t))
+    lock = threading.Lock()
+
+    def row_starts():
+        while True:
+            with lock:
+                if not queue:
+                    return
+                i0 = queue.popleft()
+            yield i0
+
+    def work(dev):
+        with cp.cuda.Device(dev):
+            plan = _PairPlan(x, y, fit, weights, precision, odt)
+            if strips:
+                _stream_condensed(plan, out, device_budget_bytes(), row_starts(), rows=t)
+            else:
+                _stream_tiles(plan, sink, t, device_budget_bytes(), row_starts())
+            cp.cuda.get_current_stream().synchronize()
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(devices)) as pool:
+        for fut in [pool.submit(work, d) for d in devices]:
+            fut.result()
     return out
 
 
@@ -1403,7 +1800,7 @@ def _check_out(out, shape, condensed: bool):
 
 
 def pairwise_rmsd(x, y=None, *, fit=None, weights=None, out=None, precision: str = "float64",
-                  condensed: bool = False, device: str = "auto"):
+                  condensed: bool = False, device: str = "auto", devices=None):
     """All-vs-all RMSD after optimal superposition of every pair of frames (QCP on GEMM blocks).
 
     The centred frames are stacked as a (3F, N) matrix; one matrix product ``A B^T`` (cuBLAS on the
@@ -1434,6 +1831,10 @@ def pairwise_rmsd(x, y=None, *, fit=None, weights=None, out=None, precision: str
         Return SciPy's condensed vector (pairs i < j, row by row) instead of the square matrix;
         ``y`` must be None.
     device : {"auto", "cpu", "gpu"}
+    devices : "all", int or list of int, optional
+        GPUs to spread the tiles over (GPU runs with a host result: NumPy input or ``out=``): "all", the
+        first n, or ordinals. Each GPU takes row tiles from a shared queue and writes its finished
+        tiles into the same destination. Default: the current GPU only.
 
     Returns
     -------
@@ -1505,8 +1906,22 @@ def pairwise_rmsd(x, y=None, *, fit=None, weights=None, out=None, precision: str
     shape = (f * (f - 1) // 2,) if condensed else (f, g)
     _check_out(out, shape, condensed)
     if be.on_gpu:
-        res = _pairwise_cuda(xx, yy, fit=fit_x, weights=w, precision=precision, out=out, condensed=condensed,
-                             host_result=be.kind == "numpy" or out is not None)
+        ids = _device_ids(devices)
+        host_result = be.kind == "numpy" or out is not None
+        if len(ids) > 1:
+            if not host_result:
+                raise InputError(f"devices={devices!r}: several GPUs write into host memory; pass NumPy "
+                                 "coordinates or out= (an np.ndarray, np.memmap or Zarr array)")
+            res = _pairwise_multi_gpu(to_numpy(xx), None if yy is None else to_numpy(yy), fit=fit_x, weights=w,
+                                      precision=precision, out=out, condensed=condensed, devices=ids)
+        else:
+            import cupy as cp
+
+            with cp.cuda.Device(ids[0]):
+                res = _pairwise_cuda(xx, yy, fit=fit_x, weights=w, precision=precision, out=out,
+                                     condensed=condensed, host_result=host_result)
+    elif devices is not None:
+        raise InputError("devices= is for GPU runs (device='gpu' or 'auto' with a GPU)")
     else:
         if not isinstance(xx, np.ndarray):
             xx = np.asarray(be.asarray(xx))

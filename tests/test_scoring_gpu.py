@@ -37,6 +37,39 @@ def _pair_paths(shared_datasets, reference_values, key):
 # TM-score
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_aligned_rmsd_kernel_matches_twin_and_ignores_batching(gpu, dtype):
+    """The scores' RMSD column: GPU kernel vs the float64 NumPy Kabsch, and bitwise the same value for a
+    model whatever the batch's size, order or padded length (resumed runs must write identical rows)."""
+    rng = np.random.default_rng(11)
+    n_ali = np.array([3, 31, 32, 33, 64, 97, 150, 150], dtype=np.int64)
+    lmax = 160
+    y = rng.normal(0, 12, (len(n_ali), lmax, 3))
+    x = y + rng.normal(0, 1.0, y.shape)
+    rot = np.linalg.qr(rng.normal(size=(3, 3)))[0]
+    rot *= np.sign(np.linalg.det(rot))
+    x = x @ rot.T + 40.0
+    x[-1] = y[-1]  # identical: the near-identical branch
+    x, y = x.astype(dtype), y.astype(dtype)
+    for i, n in enumerate(n_ali):  # padding holds garbage, which must be ignored
+        x[i, n:] = 1e6
+        y[i, n:] = -1e6
+    want = tm_mod._common_rmsd(x.astype(np.float64), y.astype(np.float64), n_ali, np)
+    got = gpu.asnumpy(tm_mod._common_rmsd(gpu.asarray(x), gpu.asarray(y), n_ali, gpu))
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+    assert got[-1] < 1e-6
+    # one model at a time, with its own (shorter) padded length, and the batch reversed
+    for i, n in enumerate(n_ali):
+        alone = tm_mod._common_rmsd(gpu.asarray(x[i:i + 1, :n]), gpu.asarray(y[i:i + 1, :n]), n_ali[i:i + 1], gpu)
+        assert float(alone[0]) == got[i]
+    rev = gpu.asnumpy(tm_mod._common_rmsd(gpu.asarray(x[::-1].copy()), gpu.asarray(y[::-1].copy()), n_ali[::-1], gpu))
+    assert np.array_equal(rev[::-1], got)
+    # one shared reference row (y_step 0)
+    shared = gpu.asnumpy(tm_mod._common_rmsd(gpu.asarray(x[4:6]), gpu.asarray(y[4:5]), n_ali[4:6], gpu))
+    want_shared = tm_mod._common_rmsd(x[4:6].astype(np.float64), y[4:5].astype(np.float64), n_ali[4:6], np)
+    np.testing.assert_allclose(shared, want_shared, rtol=1e-9, atol=1e-9)
+
+
 @pytest.mark.parametrize("key", PAIRS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_tm_kernel_parity_on_real_pairs(gpu, shared_datasets, reference_values, key, dtype):

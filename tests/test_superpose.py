@@ -313,6 +313,129 @@ def test_tile_size_does_not_change_results(tile):
     np.testing.assert_array_equal(squareform(cond), full)
 
 
+def _threads_input():
+    rng = np.random.default_rng(21)
+    base = rng.normal(size=(24, 3)) * 6
+    x = base + rng.normal(size=(45, 24, 3)) * rng.uniform(0.01, 2, size=(45, 1, 1))
+    x[7] = x[3] @ random_rotation(rng).T + 5  # a duplicate: its pair sits at a near-repeated root
+    line = np.outer(np.arange(24.0), [1, 2, 0.5])
+    x[20], x[21] = line, line[::-1] * 1.01  # collinear: the refine (Jacobi) path inside a worker
+    return x
+
+
+@pytest.mark.parametrize("threads", [2, 5, 16])
+def test_thread_count_does_not_change_results(threads, monkeypatch, tmp_path):
+    """The CPU path's pool: QCP row groups (here of ~150 pairs: several per tile, so the pool is used
+    even on small data) and centring chunks on worker threads, the next tile's GEMM overlapping them,
+    tiles written in order from the calling thread. Bitwise equal to one thread, for every output form."""
+    import threading
+
+    monkeypatch.setattr(sp, "_QCP_CHUNK_PAIRS", 150)
+    monkeypatch.setattr(sp, "_CACHE_CHUNK_BYTES", 24 * 3 * 8 * 3 * 4)  # centring chunks of 4 frames
+    x = _threads_input()
+    y = x[::3] + 0.5
+    w = np.random.default_rng(2).uniform(0.5, 2, 24)
+    main = threading.get_ident()
+    seen = set()
+    qcp = sp._qcp_rmsd_only
+
+    def spy(*args):
+        seen.add(threading.get_ident())
+        return qcp(*args)
+
+    monkeypatch.setattr(sp, "_qcp_rmsd_only", spy)
+    for kw, tile in (({}, None), ({}, 16), ({"weights": w[::2], "fit": np.arange(0, 24, 2)}, 16),
+                     ({"precision": "float32"}, None)):
+        seen.clear()
+        one = sp._pairwise_numpy(x, tile=tile, out_dtype=np.float64, threads=1, **kw)
+        assert seen == {main}
+        seen.clear()
+        many = sp._pairwise_numpy(x, tile=tile, out_dtype=np.float64, threads=threads, **kw)
+        assert seen and main not in seen  # the groups ran on the pool
+        np.testing.assert_array_equal(many, one)
+        if not kw:
+            np.testing.assert_array_equal(sp._pairwise_numpy(x, y, tile=tile, threads=threads),
+                                          sp._pairwise_numpy(x, y, tile=tile, threads=1))
+    # Tiles of 8 frames into memmaps (dense and condensed): every tile lands where it belongs.
+    one = sp._pairwise_numpy(x, tile=8, out_dtype=np.float64, threads=1)
+    mm = np.lib.format.open_memmap(tmp_path / "d.npy", mode="w+", dtype=np.float64, shape=(45, 45))
+    assert sp._pairwise_numpy(x, tile=8, out=mm, threads=threads) is mm
+    np.testing.assert_array_equal(np.load(tmp_path / "d.npy"), one)
+    cm = np.lib.format.open_memmap(tmp_path / "c.npy", mode="w+", dtype=np.float64, shape=(45 * 44 // 2,))
+    sp._pairwise_numpy(x, tile=8, out=cm, condensed=True, threads=threads)
+    np.testing.assert_array_equal(np.load(tmp_path / "c.npy"), one[np.triu_indices(45, 1)])
+
+
+def test_rmsd_thread_count_does_not_change_results(monkeypatch):
+    """rmsd()/superpose()'s CPU path over frame chunks on a pool (chunks of 4-6 frames here): bitwise
+    equal to one thread, with a self frame (re-measured), weights, fit and measured atoms."""
+    monkeypatch.setattr(sp, "_CACHE_CHUNK_BYTES", 24 * 3 * 8 * 3 * 4)
+    monkeypatch.setattr(sp, "_QCP_CHUNK_PAIRS", 7)
+    x = _threads_input().astype(np.float32)
+    ref = np.asarray(x[3], dtype=np.float64)
+    w = np.random.default_rng(4).uniform(0.5, 2, 24)
+    fit, meas = np.arange(0, 24, 2), np.arange(5, 20)
+    for args, kw in (((x, (ref, None)), {}),
+                     ((x, (ref[fit], ref[meas])), {"fit": fit, "meas": meas, "w_fit": w[fit], "w_meas": w[meas]})):
+        one = sp._rmsd_numpy(*args, **kw, want_coords=True, threads=1)
+        for got, want in zip(sp._rmsd_numpy(*args, **kw, want_coords=True, threads=3), one, strict=True):
+            np.testing.assert_array_equal(got, want)
+    assert one[0].shape == (45,)
+
+
+def test_pairwise_worker_error_propagates(monkeypatch):
+    monkeypatch.setattr(sp, "_QCP_CHUNK_PAIRS", 150)
+
+    def boom(*args):
+        raise FloatingPointError("in a worker")
+
+    monkeypatch.setattr(sp, "_qcp_rmsd_only", boom)
+    with pytest.raises(FloatingPointError, match="in a worker"):
+        sp._pairwise_numpy(_threads_input(), tile=16, threads=2)
+
+
+def test_pairwise_cpu_twin_unchanged_on_real_frames(adk):
+    """Pairs of AdK frames (real spectra, self pairs, a moved copy of a frame) on the pool against a
+    float64 Kabsch reference; the copy keeps the QCP formula's noise (module notes)."""
+    x = np.asarray(adk.coords[:12], dtype=np.float64)[:, ::7]
+    x = np.concatenate([x, x[4:5] @ random_rotation(np.random.default_rng(3)).T + 9])
+    d = sp._pairwise_numpy(x, out_dtype=np.float64, threads=2)
+    np.testing.assert_allclose(d, kabsch_rmsd_matrix(x, x), atol=1e-6)
+    assert d[4, 12] < 1e-5 and (np.diag(d) == 0).all() and (d == d.T).all()
+
+
+def test_scoring_kabsch_uses_this_qcp():
+    """protgpu.scoring._kabsch (the TM-score search's fits from sums, the RMSD column) is this module's
+    QCP twin with per-model weights and references: equal to rmsd()/superpose() model by model and to
+    a float64 Kabsch; an empty subset gives the identity (and RMSD 0)."""
+    from protgpu.scoring import _kabsch
+
+    rng = np.random.default_rng(22)
+    x = rng.normal(size=(6, 30, 3)) * 7 + 40
+    y = np.stack([a @ random_rotation(rng).T + rng.normal(size=(30, 3)) * s for a, s in
+                  zip(x, [0, 0.3, 1, 2, 3, 4], strict=True)])
+    w = (rng.random((6, 30)) < 0.6).astype(float)
+    w[0] = 1.0  # a model identical to its reference up to a rotation: re-measured on the coordinates
+    w[5] = 0.0
+    rot, t, r = _kabsch.superpose(x, y, w)
+    for s in range(5):
+        m = w[s] > 0
+        ref_r, ref_rot, ref_t = kabsch(x[s][m], y[s][m])
+        assert r[s] == pytest.approx(ref_r, abs=1e-9)
+        assert r[s] == pytest.approx(float(rmsd(x[s][m], y[s][m], device="cpu")[0]), abs=1e-12)
+        np.testing.assert_allclose(rot[s], ref_rot, atol=1e-9)
+        np.testing.assert_allclose(t[s], ref_t, atol=1e-7)
+    assert r[0] < 1e-12 and r[5] == 0.0 and (rot[5] == np.eye(3)).all()
+    n = w.sum(1)
+    rs, ts = _kabsch.superpose_from_sums(n, np.einsum("sn,sni->si", w, x), np.einsum("sn,sni->si", w, y),
+                                         np.einsum("sn,sni,snj->sij", w, x, y))
+    np.testing.assert_allclose(rs, rot, atol=1e-9)
+    np.testing.assert_allclose(ts, t, atol=1e-6)
+    _check_proper(rs)
+    with pytest.raises(TypeError, match="NumPy only"):
+        _kabsch.superpose(x, y, xp=object())
+
+
 def test_pairwise_equals_loop_of_rmsd_and_xy():
     rng = np.random.default_rng(10)
     x = rng.normal(size=(9, 20, 3)) * 5
@@ -566,17 +689,19 @@ def test_cli_pairwise(datasets, tmp_path, capsys):
     assert "98 frames" in capsys.readouterr().out
 
 
-def test_cli_pairwise_zarr_needs_zarr(datasets, tmp_path):
+def test_cli_pairwise_zarr_equals_npy(datasets, tmp_path):
     try:
-        import zarr  # noqa: F401
-    except ImportError:
+        import zarr
+    except ImportError:  # without zarr (the test extra installs it): a clear error instead
         with pytest.raises(InputError, match="zarr"):
             _cli(["pairwise-rmsd", str(datasets / "adk_open.pdb"), "--out", str(tmp_path / "d.zarr")])
         return
-    _cli(["pairwise-rmsd", str(datasets / "adk_closed.pdb"), str(datasets / "adk_open.pdb"), "--select", "ca",
-          "--out", str(tmp_path / "d.zarr"), "-q"])
-    z = zarr.open(str(tmp_path / "d.zarr"), mode="r")
+    for out in ("d.zarr", "d.npy"):
+        assert _cli(["pairwise-rmsd", str(datasets / "adk_closed.pdb"), str(datasets / "adk_open.pdb"), "--select",
+                     "ca", "--out", str(tmp_path / out), "-q"]) == 0
+    z = zarr.open_array(str(tmp_path / "d.zarr"), mode="r")
     assert z.shape == (2, 2) and z[0, 1] > 1
+    np.testing.assert_array_equal(z[:], np.load(tmp_path / "d.npy"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -738,6 +863,46 @@ def _host_rmsd(hk, x, y, w=None, fit=None, block=64):
     hk.run(f"frame_direct_{sfx}", grid, (block,), x, idx, ref, mom, rot, r, f, n_atoms, n, int(w is not None), gb,
            inv_w, sp._DIRECT_TAU)
     return r, rot, t, mom
+
+
+def _host_aligned_rmsd(hk, x, y, n_ali, warps=2):
+    m, lmax = x.shape[:2]
+    out = np.full(m, -1.0)
+    sfx = "f32" if x.dtype == np.float32 else "f64"
+    hk.run(f"aligned_rmsd_{sfx}", (-(-m // warps),), (32 * warps,), np.ascontiguousarray(x), np.ascontiguousarray(y),
+           1 if y.shape[0] == m and m > 1 else 0, np.asarray(n_ali, np.int32), lmax, m, sp._DIRECT_TAU, out)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_host_kernel_aligned_rmsd_equals_twin_whatever_the_batch(host_kernels, dtype):
+    """The scores' RMSD column kernel (aligned_rmsd_*): equal to the float64 Kabsch twin, and bitwise the
+    same value for a model alone, in a batch, reversed, or with a longer padded length."""
+    from protgpu.scoring import tmscore as tm_mod
+
+    rng = np.random.default_rng(21)
+    n_ali = np.array([3, 31, 32, 33, 70, 70])
+    lmax = 72
+    y = rng.normal(0, 12, (len(n_ali), lmax, 3))
+    x = y + rng.normal(0, 1.0, y.shape) + 30.0
+    x[-1] = y[-1] - 5.0  # a translated copy: the near-identical branch measures it on the coordinates
+    x, y = x.astype(dtype), y.astype(dtype)
+    for i, n in enumerate(n_ali):
+        x[i, n:], y[i, n:] = 1e6, -1e6  # padding is never read
+    got = _host_aligned_rmsd(host_kernels, x, y, n_ali)
+    want = tm_mod._common_rmsd(x.astype(np.float64), y.astype(np.float64), n_ali, np)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+    assert got[-1] < 1e-6
+    for i, n in enumerate(n_ali):
+        alone = _host_aligned_rmsd(host_kernels, x[i:i + 1, :n], y[i:i + 1, :n], n_ali[i:i + 1], warps=1)
+        assert alone[0] == got[i]
+    rev = _host_aligned_rmsd(host_kernels, x[::-1], y[::-1], n_ali[::-1], warps=3)
+    assert np.array_equal(rev[::-1], got)
+    shared = _host_aligned_rmsd(host_kernels, x[4:6], y[4:5], n_ali[4:6])
+    np.testing.assert_allclose(shared, tm_mod._common_rmsd(x[4:6].astype(np.float64), y[4:5].astype(np.float64),
+                                                           n_ali[4:6], np), rtol=1e-9, atol=1e-9)
+    empty = _host_aligned_rmsd(host_kernels, x[:1], y[:1], np.array([0]))
+    assert np.isnan(empty[0])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -934,7 +1099,18 @@ def _fake_cupy():
         return out
 
     cp.asnumpy = asnumpy
-    cp.cuda = types.SimpleNamespace(Stream=Stream, get_current_stream=lambda: Stream())
+    class Device:  # one fake GPU, ordinal 0
+        def __init__(self, i=0):
+            assert i == 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0)
+    cp.cuda = types.SimpleNamespace(Stream=Stream, get_current_stream=lambda: Stream(), Device=Device, runtime=runtime)
     cupyx = types.ModuleType("cupyx")
     cupyx.empty_pinned = lambda shape, dtype=np.float64: np.empty(shape, dtype=dtype)
     return cp, cupyx
@@ -1117,3 +1293,37 @@ def test_sink_mirrors_large_tiles_in_strips():
     sp._Sink(out, 1300, True, False).write(0, 1100, 1100, 1300, tile)
     np.testing.assert_array_equal(out[:1100, 1100:], tile)
     np.testing.assert_array_equal(out[1100:, :1100], tile.T)
+
+
+def test_pairwise_devices_needs_the_gpu():
+    x = np.random.default_rng(3).normal(size=(4, 5, 3))
+    with pytest.raises(InputError, match="devices= is for GPU runs"):
+        pairwise_rmsd(x, device="cpu", devices=2)
+
+
+@pytest.mark.parametrize("rows", [None, 5, 32])
+def test_fake_device_condensed_strips(fake_device, rows):
+    """Streaming a condensed result in row strips (each strip one contiguous block of SciPy's layout,
+    written by the kernel at its offset): equal to the twin, into NumPy and into a non-NumPy store."""
+    rng = np.random.default_rng(8)
+    x = (rng.normal(size=(41, 9, 3)) * 4).astype(np.float32)
+    twin = sp._pairwise_numpy(x, out_dtype=np.float64)[np.triu_indices(41, 1)]
+    plan = sp._PairPlan(x, None, None, None, "float64", np.float32)
+    out = np.full(41 * 40 // 2, np.nan, np.float32)
+    sp._stream_condensed(plan, out, 64 << 20, rows=rows)
+    np.testing.assert_allclose(out, twin, atol=2e-5)
+
+    class Store:  # not an ndarray: writes go one at a time
+        def __init__(self, n):
+            self.a = np.full(n, np.nan, np.float32)
+            self.shape, self.dtype = self.a.shape, self.a.dtype
+
+        def __setitem__(self, key, value):
+            self.a[key] = value
+
+    store = Store(41 * 40 // 2)
+    sp._stream_condensed(plan, store, 64 << 20, row_starts=iter([0, 10, 20, 30, 40]), rows=10)
+    np.testing.assert_allclose(store.a, twin, atol=2e-5)
+    cond = np.full(41 * 40 // 2, np.nan, np.float32)
+    assert sp._pairwise_cuda(x, out=cond, condensed=True) is cond  # the public streaming path
+    np.testing.assert_allclose(cond, twin, atol=2e-5)

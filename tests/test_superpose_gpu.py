@@ -10,6 +10,7 @@ import importlib
 import numpy as np
 import pytest
 
+from protgpu.errors import InputError
 from protgpu.superpose import pairwise_rmsd, rmsd, superpose
 
 # the module itself (protgpu.superpose the attribute is the function of that name)
@@ -264,13 +265,38 @@ def test_many_frames_rmsd(gpu):
     np.testing.assert_allclose(r, rmsd(x, base, device="cpu"), atol=1e-9)
 
 
+@pytest.mark.parametrize("condensed", [True, False])
+def test_pairwise_devices_spread_equals_one_gpu(gpu, condensed):
+    """Tiles spread over GPUs (several host threads, one per device, sharing a row-tile queue) give
+    bitwise the single-GPU result; with one visible GPU two threads share it."""
+    rng = np.random.default_rng(5)
+    x = (rng.normal(size=(70, 40, 3)) * 6).astype(np.float32)
+    shape = (70 * 69 // 2,) if condensed else (70, 70)
+    one = sp._pairwise_cuda(x, tile=16, condensed=condensed, out=np.zeros(shape, np.float32))  # streamed
+    n_gpu = gpu.cuda.runtime.getDeviceCount()
+    ids = list(range(n_gpu)) if n_gpu > 1 else [0, 0]
+    spread = sp._pairwise_multi_gpu(x, None, fit=None, weights=None, precision="float64", out=None,
+                                    condensed=condensed, devices=ids, tile=16)
+    assert np.array_equal(spread, one)  # same tiles and GEMM panels, whichever device ran them
+    if condensed:  # row strips written as contiguous blocks of the condensed vector
+        strips = sp._pairwise_multi_gpu(x, None, fit=None, weights=None, precision="float64", out=None,
+                                        condensed=True, devices=ids)
+        one_strips = sp._pairwise_cuda(x, condensed=True, out=np.zeros(shape, np.float32))
+        assert np.array_equal(strips, one_strips)
+        np.testing.assert_allclose(strips, one, atol=1e-5)
+    np.testing.assert_allclose(pairwise_rmsd(x, condensed=condensed, devices="all"),
+                               pairwise_rmsd(x, condensed=condensed), atol=1e-5)
+    with pytest.raises(InputError, match="devices"):
+        pairwise_rmsd(gpu.asarray(x), devices=[0, 0])
+
+
 def check_superpose_for_sanitizer() -> None:
     """Every qcp.cu entry point on odd sizes (for compute-sanitizer via tests/sanitize_kernels.py),
     each result checked against the NumPy twin: frame_moments_* / qcp_frames / frame_direct_* (a
     near-identical frame so that the direct pass does work), centre_frames_* (float32 and float64
     frames, both GEMM precisions), qcp_pairs_* and qcp_refine_* (collinear frames: a repeated l_max),
     through every schedule: resident strips, square tiles, condensed, x against y, streamed to the host,
-    and the _pairwise_tiles_cuda generator."""
+    the _pairwise_tiles_cuda generator and the multi-GPU queue; aligned_rmsd_*."""
     rng = np.random.default_rng(0)
     for dtype in (np.float32, np.float64):
         x = (rng.normal(size=(37, 29, 3)) * 5).astype(dtype)
@@ -308,4 +334,25 @@ def check_superpose_for_sanitizer() -> None:
                 assert np.allclose(r.get(), twin[i0:i1, j0:j1], atol=1e-5), ("tiles", precision, i0, j0)
                 seen[i0:i1, j0:j1] = True
             assert seen[np.triu_indices(23)].all()
+            strips = np.zeros(23 * 22 // 2, np.float32)  # condensed row strips streamed to the host
+            sp._pairwise_cuda(x, precision=precision, out=strips, condensed=True)
+            assert np.allclose(strips, twin[np.triu_indices(23, 1)], atol=1e-5), ("strips", precision)
+            # two host threads sharing one GPU exercise the multi-GPU path (shared row-tile queue)
+            multi = sp._pairwise_multi_gpu(x, None, fit=None, weights=None, precision=precision, out=None,
+                                           condensed=True, devices=[0, 0], tile=9)
+            assert np.allclose(multi, twin[np.triu_indices(23, 1)], atol=1e-5), ("multi", precision)
+    # aligned_rmsd_* (the scores' RMSD column)
+    import cupy as cp
+
+    from protgpu.scoring import tmscore as tm_mod
+
+    n_ali = np.array([3, 40, 33])
+    ya = rng.normal(0, 8, (3, 41, 3))
+    xa = ya + rng.normal(0, 1, ya.shape)
+    xa[2] = ya[2]
+    for in_dtype in (np.float32, np.float64):
+        got = tm_mod._common_rmsd(cp.asarray(xa.astype(in_dtype)), cp.asarray(ya.astype(in_dtype)), n_ali, cp)
+        want = tm_mod._common_rmsd(xa.astype(in_dtype).astype(np.float64), ya.astype(in_dtype).astype(np.float64),
+                                   n_ali, np)
+        assert np.allclose(got.get(), want, atol=1e-8), ("aligned_rmsd", in_dtype)
     print("superpose: ok")

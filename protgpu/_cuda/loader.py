@@ -243,8 +243,19 @@ _modules: dict = {}
 _modules_lock = threading.Lock()
 
 
+_handles: dict = {}
+
+
 def get_kernel(name: str, entry: str, defines: dict | None = None) -> KernelHandle:
     """The entry point ``entry`` of ``kernels/<name>.cu``, compiled for the current device (memoised)."""
+    import cupy
+
+    # Fast path: a handle already loaded for this device (no Device object, no context call, no
+    # ObjectCode lookup), since callers ask for their kernels on every call.
+    hkey = (cupy.cuda.runtime.getDevice(), name, entry, tuple(sorted((defines or {}).items())))
+    handle = _handles.get(hkey)
+    if handle is not None:
+        return handle
     params = entry_points(name).get(entry)
     if params is None:
         raise KernelCompileError(f"{name}.cu has no entry point {entry!r} (has {sorted(entry_points(name))})")
@@ -255,7 +266,9 @@ def get_kernel(name: str, entry: str, defines: dict | None = None) -> KernelHand
         if obj is None:
             obj = compile_cubin(name, device_arch(dev), defines)
             _modules[key] = obj
-    return KernelHandle(kernel=obj.get_kernel(entry), name=f"{name}.{entry}", params=params)
+    handle = KernelHandle(kernel=obj.get_kernel(entry), name=f"{name}.{entry}", params=params)
+    _handles[hkey] = handle
+    return handle
 
 
 _streams: dict = {}
@@ -264,12 +277,27 @@ _streams: dict = {}
 def _core_stream(cupy_stream):
     # cuda.core wraps a foreign stream through its __cuda_stream__ protocol; keep one wrapper per
     # CuPy stream (and the CuPy stream itself alive) rather than building one per launch.
-    key = cupy_stream.ptr
+    # Keyed by device too: every device's null stream has the handle 0.
+    import cupy
+
+    device_id = getattr(cupy_stream, "device_id", None)
+    key = (cupy.cuda.runtime.getDevice() if device_id is None else device_id, cupy_stream.ptr)
     hit = _streams.get(key)
     if hit is None or hit[0] is not cupy_stream:
         hit = (cupy_stream, _device().create_stream(cupy_stream))
         _streams[key] = hit
     return hit[1]
+
+
+@cache
+def _dtype_info(dtype_class) -> tuple:
+    """``(np.dtype, min, max)`` of a parameter's C type (bounds None for floats), built once: launches
+    convert every argument, and ``np.iinfo`` is not free."""
+    dt = np.dtype(dtype_class)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return dt, int(info.min), int(info.max)
+    return dt, None, None
 
 
 def _convert_arg(handle: KernelHandle, p: Param, value):
@@ -281,7 +309,7 @@ def _convert_arg(handle: KernelHandle, p: Param, value):
         if not isinstance(value, cupy.ndarray):
             raise TypeError(f"{handle.name}: argument {p.name} ({p.ctype}*) needs a CuPy array, "
                             f"got {type(value).__name__}")
-        if p.dtype is not None and value.dtype != np.dtype(p.dtype):
+        if p.dtype is not None and value.dtype != _dtype_info(p.dtype)[0]:
             raise TypeError(f"{handle.name}: argument {p.name} is {p.ctype}*, array dtype is {value.dtype}")
         if p.dtype is None and p.ctype != "void" and value.dtype.itemsize != 2:
             raise TypeError(f"{handle.name}: argument {p.name} ({p.ctype}*) needs a 2-byte dtype")
@@ -290,16 +318,15 @@ def _convert_arg(handle: KernelHandle, p: Param, value):
         return value.data.ptr
     if p.dtype is None:
         raise TypeError(f"{handle.name}: cannot pass a scalar of C type {p.ctype}")
-    if isinstance(value, np.generic) and value.dtype == np.dtype(p.dtype):
+    dt, lo, hi = _dtype_info(p.dtype)
+    if isinstance(value, np.generic) and value.dtype == dt:
         return value
     # Python scalars are checked for range and kind, then cast: a bare Python int would be taken by
     # the launcher as a pointer.
-    dt = np.dtype(p.dtype)
-    if dt.kind in "iu":
+    if lo is not None:
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
             raise TypeError(f"{handle.name}: argument {p.name} ({p.ctype}) needs an integer, got {value!r}")
-        info = np.iinfo(dt)
-        if not info.min <= int(value) <= info.max:
+        if not lo <= int(value) <= hi:
             raise OverflowError(f"{handle.name}: argument {p.name}={value} does not fit in {p.ctype}")
     elif dt.kind == "f" and not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{handle.name}: argument {p.name} ({p.ctype}) needs a number, got {value!r}")

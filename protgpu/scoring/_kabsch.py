@@ -1,61 +1,26 @@
-"""Batched optimal superposition (Kabsch problem) in float64, solved through the quaternion key matrix.
+"""Batched optimal superposition (Kabsch problem) in float64 for the scoring package: the TM-score
+search's fits of thousands of masked subsets at once (from sums), and the RMSD of each model's aligned
+pairs after their own fit.
 
-This is the scoring package's own small helper (the TM-score search needs thousands of superpositions
-of masked subsets at once); it is deliberately independent of :mod:`protgpu.superpose`. The NumPy path
-takes the eigenvector of the largest eigenvalue of the 4x4 key matrix K with ``eigh`` (exact and robust
-for every input, including degenerate ones); the CUDA kernel solves the same problem with QCP's
-Newton iteration (SCORING.md), and the parity tests hold the two equal.
+Both solve the problem with the QCP NumPy twin of :mod:`protgpu.superpose` (key-matrix quartic, guarded
+Newton, the quaternion from the adjugate with the Jacobi fallback for repeated roots), so that the CPU
+has one QCP implementation. What is specific to scoring stays here: fits from sums over masked subsets
+(no coordinates, no sums of squares: Newton starts from the ``sqrt(3) |M|_F`` bound), per-model weights
+and references, the identity for an empty subset. The CUDA side of the same problems is
+``kernels/tmscore.cu`` (the search) and ``qcp.cu``'s ``aligned_rmsd_*`` (the RMSD column).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-
-def key_matrix(m, xp=np):
-    """The 4x4 symmetric key matrix K of SCORING.md from centred cross-covariances.
-
-    Parameters
-    ----------
-    m : array, shape (..., 3, 3), float64
-        ``m[..., a, b] = sum_i (x_ia - xbar_a) (y_ib - ybar_b)`` with x the mobile and y the target
-        coordinates (Angstrom^2).
-
-    Returns
-    -------
-    array, shape (..., 4, 4), float64
-    """
-    sxx, sxy, sxz = m[..., 0, 0], m[..., 0, 1], m[..., 0, 2]
-    syx, syy, syz = m[..., 1, 0], m[..., 1, 1], m[..., 1, 2]
-    szx, szy, szz = m[..., 2, 0], m[..., 2, 1], m[..., 2, 2]
-    k = xp.empty(m.shape[:-2] + (4, 4), dtype=xp.float64)
-    k[..., 0, 0] = sxx + syy + szz
-    k[..., 0, 1] = k[..., 1, 0] = syz - szy
-    k[..., 0, 2] = k[..., 2, 0] = szx - sxz
-    k[..., 0, 3] = k[..., 3, 0] = sxy - syx
-    k[..., 1, 1] = sxx - syy - szz
-    k[..., 1, 2] = k[..., 2, 1] = sxy + syx
-    k[..., 1, 3] = k[..., 3, 1] = szx + sxz
-    k[..., 2, 2] = -sxx + syy - szz
-    k[..., 2, 3] = k[..., 3, 2] = syz + szy
-    k[..., 3, 3] = -sxx - syy + szz
-    return k
+from ..superpose import _DIRECT_TAU, _qcp_full, _qcp_top_quaternion, _quaternion_to_rotation
 
 
-def quaternion_to_rotation(q, xp=np):
-    """Rotation matrices from unit quaternions ``(w, x, y, z)``, shape (..., 4) -> (..., 3, 3)."""
-    w, x, y, z = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
-    r = xp.empty(q.shape[:-1] + (3, 3), dtype=xp.float64)
-    r[..., 0, 0] = w * w + x * x - y * y - z * z
-    r[..., 0, 1] = 2 * (x * y - w * z)
-    r[..., 0, 2] = 2 * (x * z + w * y)
-    r[..., 1, 0] = 2 * (x * y + w * z)
-    r[..., 1, 1] = w * w - x * x + y * y - z * z
-    r[..., 1, 2] = 2 * (y * z - w * x)
-    r[..., 2, 0] = 2 * (x * z - w * y)
-    r[..., 2, 1] = 2 * (y * z + w * x)
-    r[..., 2, 2] = w * w - x * x - y * y + z * z
-    return r
+def _check_numpy(xp):
+    if xp is not np:
+        raise TypeError("protgpu.scoring._kabsch is NumPy only (the GPU paths are kernels/tmscore.cu and "
+                        "qcp.cu's aligned_rmsd_*)")
 
 
 def superpose_from_sums(n, sx, sy, sxy, xp=np):
@@ -66,63 +31,83 @@ def superpose_from_sums(n, sx, sy, sxy, xp=np):
 
     Parameters
     ----------
-    n : array, shape (S,)
+    n : np.ndarray, shape (S,)
         Number (total weight) of pairs in each subset. Subsets with ``n == 0`` get the identity.
-    sx, sy : array, shape (S, 3)
+    sx, sy : np.ndarray, shape (S, 3)
         Sums of the mobile (x) and target (y) coordinates over each subset, Angstrom.
-    sxy : array, shape (S, 3, 3)
+    sxy : np.ndarray, shape (S, 3, 3)
         ``sum_i x_i y_i^T`` over each subset (raw, not centred), Angstrom^2.
+    xp : module
+        NumPy (the only namespace accepted; kept for the callers' signature).
 
     Returns
     -------
-    rotation : array, shape (S, 3, 3), float64
+    rotation : np.ndarray, shape (S, 3, 3), float64
         Proper rotations (det +1).
-    translation : array, shape (S, 3), float64
+    translation : np.ndarray, shape (S, 3), float64
         With ``x @ rotation.T + translation`` the superposed mobile coordinates, Angstrom.
     """
-    n = xp.asarray(n, dtype=xp.float64)
-    safe = xp.where(n > 0, n, 1.0)
+    _check_numpy(xp)
+    n = np.asarray(n, dtype=np.float64)
+    safe = np.where(n > 0, n, 1.0)
     cx = sx / safe[:, None]
     cy = sy / safe[:, None]
     # centred cross-covariance; float64 sums of float32-exact products keep the cancellation harmless
     m = sxy - n[:, None, None] * cx[:, :, None] * cy[:, None, :]
-    k = key_matrix(m, xp)
-    _, vecs = xp.linalg.eigh(k)
-    q = vecs[..., :, -1]  # eigenvector of the largest eigenvalue
-    rot = quaternion_to_rotation(q, xp)
-    rot = xp.where((n > 0)[:, None, None], rot, xp.eye(3)[None])
-    trans = cy - xp.einsum("sij,sj->si", rot, cx)
+    q, _ = _qcp_top_quaternion(np.ascontiguousarray(m, dtype=np.float64))
+    rot = _quaternion_to_rotation(q)
+    rot = np.where((n > 0)[:, None, None], rot, np.eye(3)[None])
+    trans = cy - np.einsum("sij,sj->si", rot, cx)
     return rot, trans
 
 
 def superpose(x, y, weights=None, xp=np):
     """Best rigid superposition of each x[s] onto y[s] (all points or weighted), float64.
 
+    The RMSD is that of the returned superposition: from QCP's Rayleigh quotient, and measured on the
+    coordinates instead where that formula has cancelled most of its digits (``RMSD^2 <= 1e-6 (G_A +
+    G_B) / W``: near-identical sets), as :func:`protgpu.rmsd` and the ``aligned_rmsd_*`` kernel do.
+
     Parameters
     ----------
-    x, y : array, shape (S, N, 3)
+    x, y : np.ndarray, shape (S, N, 3)
         Mobile and target coordinates, Angstrom.
-    weights : array, shape (S, N), optional
+    weights : np.ndarray, shape (S, N), optional
         Non-negative pair weights (a 0/1 mask selects a subset).
+    xp : module
+        NumPy (the only namespace accepted; kept for the callers' signature).
 
     Returns
     -------
-    rotation : array, shape (S, 3, 3)
-    translation : array, shape (S, 3)
+    rotation : np.ndarray, shape (S, 3, 3), float64
+        Proper rotations (det +1); the identity where the weights are all zero.
+    translation : np.ndarray, shape (S, 3), float64
         ``x @ rotation.T + translation`` is superposed on y.
-    rmsd : array, shape (S,)
-        Root-mean-square deviation after superposition over the (weighted) pairs, Angstrom.
+    rmsd : np.ndarray, shape (S,), float64
+        Root-mean-square deviation after superposition over the (weighted) pairs, Angstrom (0 where the
+        weights are all zero).
     """
-    x = xp.asarray(x, dtype=xp.float64)
-    y = xp.asarray(y, dtype=xp.float64)
-    w = xp.ones(x.shape[:2]) if weights is None else xp.asarray(weights, dtype=xp.float64)
+    _check_numpy(xp)
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    w = np.ones(x.shape[:2]) if weights is None else np.asarray(weights, dtype=np.float64)
     n = w.sum(axis=1)
-    xw = x * w[:, :, None]
-    sx = xw.sum(axis=1)
-    sy = (y * w[:, :, None]).sum(axis=1)
-    sxy = xp.einsum("sni,snj->sij", xw, y)
-    rot, trans = superpose_from_sums(n, sx, sy, sxy, xp)
-    moved = xp.einsum("sij,snj->sni", rot, x) + trans[:, None, :]
-    d2 = ((moved - y) ** 2).sum(axis=2)
-    rmsd = xp.sqrt((w * d2).sum(axis=1) / xp.where(n > 0, n, 1.0))
+    inv_n = 1.0 / np.where(n > 0, n, 1.0)
+    cx = np.einsum("sn,sni->si", w, x) * inv_n[:, None]
+    cy = np.einsum("sn,sni->si", w, y) * inv_n[:, None]
+    xc = x - cx[:, None, :]
+    yc = y - cy[:, None, :]
+    wxc = xc * w[:, :, None]
+    m = np.einsum("sni,snj->sij", wxc, yc)
+    ga = np.einsum("sni,sni->s", wxc, xc)
+    gb = np.einsum("sni,sni,sn->s", yc, yc, w)
+    rmsd, rot = _qcp_full(m, ga, gb, inv_n)
+    empty = ~(n > 0)
+    rot[empty] = np.eye(3)
+    rmsd[empty] = 0.0
+    trans = cy - np.einsum("sij,sj->si", rot, cx)
+    small = np.flatnonzero(rmsd * rmsd <= _DIRECT_TAU * (ga + gb) * inv_n)
+    if small.size:
+        d = np.einsum("sij,snj->sni", rot[small], xc[small]) - yc[small]
+        rmsd[small] = np.sqrt(np.einsum("sni,sni,sn->s", d, d, w[small]) * inv_n[small])
     return rot, trans, rmsd

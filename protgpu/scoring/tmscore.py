@@ -37,8 +37,9 @@ from ..errors import InputError
 from . import _batch
 from ._kabsch import superpose, superpose_from_sums
 
-__all__ = ["TMScoreResult", "d0_tmscore", "gdt", "search_parameters", "seed_fragments", "seed_lengths", "tm_inputs",
-           "tm_score", "tm_search_cuda", "tm_search_numpy"]
+# The search's layers (tm_inputs, search_parameters, seed_lengths, seed_fragments, tm_search_numpy,
+# tm_search_cuda) stay importable by name for tests and benchmarks but are not public API.
+__all__ = ["TMScoreResult", "d0_tmscore", "gdt", "tm_score"]
 
 #: GDT distance cutoffs (Angstrom), in the order of :attr:`TMScoreResult.gdt_fractions`.
 GDT_CUTOFFS = (0.5, 1.0, 2.0, 4.0, 8.0)
@@ -92,7 +93,15 @@ class TMScoreResult(NamedTuple):
 
 
 def d0_tmscore(length) -> np.ndarray:
-    """TM-score's d0(L) = 1.24 (L - 15)^(1/3) - 1.8 for L > 21, else 0.5; at least 0.5 (Angstrom)."""
+    """TM-score's d0(L) = 1.24 (L - 15)^(1/3) - 1.8 for L > 21, else 0.5; at least 0.5 (Angstrom).
+
+    Examples
+    --------
+    >>> round(float(d0_tmscore(214)), 3)
+    5.439
+    >>> d0_tmscore([10, 100, 300]).round(3).tolist()
+    [0.5, 3.652, 6.36]
+    """
     L = np.asarray(length, dtype=np.float64)
     d0 = np.where(L > 21, 1.24 * np.cbrt(np.maximum(L - 15, 0)) - 1.8, 0.5)
     return np.maximum(d0, 0.5)
@@ -388,11 +397,42 @@ def _norm_lengths(normalize_by, batch) -> np.ndarray:
 
 
 def _common_rmsd(x, y, n_ali, xp):
-    """RMSD of all aligned pairs after their least-squares fit (float64), shape (M,)."""
+    """RMSD of all aligned pairs after their least-squares fit (float64), shape (M,).
+
+    On the GPU this is ``qcp.cu``'s ``aligned_rmsd_*`` (one warp per model, so a model's value never
+    depends on the other models of the batch or on its padded length); on the CPU the batched float64
+    Kabsch of :mod:`._kabsch` over the padded arrays with zero weights past each model's pairs.
+    """
+    if xp is not np:
+        return _common_rmsd_cuda(x, y, n_ali)
     lmax = x.shape[1]
     w = (xp.arange(lmax)[None, :] < xp.asarray(n_ali)[:, None]).astype(xp.float64)
     yb = y if y.shape[0] == x.shape[0] else xp.broadcast_to(y, x.shape)
     return superpose(x, yb, w, xp=xp)[2]
+
+
+def _common_rmsd_cuda(x, y, n_ali):
+    """CUDA path of :func:`_common_rmsd`: ``x`` (M, Lmax, 3) and ``y`` (M or 1, Lmax, 3) CuPy arrays of
+    one float dtype, ``n_ali`` (M,) aligned pairs per model; returns (M,) float64 CuPy."""
+    import cupy as cp
+
+    from .._cuda import launch
+    from ..superpose import _DIRECT_TAU, _kernel
+
+    dtype = np.float32 if x.dtype == np.float32 and y.dtype == np.float32 else np.float64
+    xs = cp.ascontiguousarray(x, dtype=dtype)
+    ys = cp.ascontiguousarray(y, dtype=dtype)
+    m, lmax = xs.shape[:2]
+    out = cp.empty(m)
+    if m == 0:
+        return out
+    n_d = cp.asarray(n_ali, dtype=cp.int32)
+    warps_per_block = 8
+    grid = (int(min(-(-m // warps_per_block), 1 << 20)),)
+    launch(_kernel("aligned_rmsd_f32" if dtype == np.float32 else "aligned_rmsd_f64"), grid,
+           (32 * warps_per_block,), xs, ys, np.int32(1 if ys.shape[0] == m and m > 1 else 0), n_d,
+           np.int32(lmax), np.int64(m), float(_DIRECT_TAU), out)
+    return out
 
 
 def tm_score(models, reference, *, normalize_by="reference", mapping="resnum", device: str = "auto"):
@@ -499,6 +539,12 @@ def gdt(models, reference, *, mapping="resnum", device: str = "auto"):
     -------
     gdt_ts, gdt_ha : float64 arrays of shape (M,), or floats for one model
         Fractions of the reference's CA count (0..1).
+
+    Examples
+    --------
+    >>> ts, ha = gdt("datasets/adk_closed.pdb", "datasets/adk_open.pdb", device="cpu")
+    >>> round(ts, 3), round(ha, 3)
+    (0.577, 0.415)
     """
     r = tm_score(models, reference, mapping=mapping, device=device)
     return r.gdt_ts, r.gdt_ha
