@@ -1,27 +1,36 @@
-"""Batch engine: a folder of many small PDB files scored end to end, protgpu's engine vs a per-file loop.
+"""Batch engine end to end, issue 7's case: ``protgpu score --metrics tm,lddt`` over a folder of PDB files
+against one reference, vs a script doing the same with biotite and tmtools in a process pool.
 
 Same data, same run. F model files (default 10,000; ``--quick`` 120) of the first L residues (default
-120; ``--quick`` 40) of 7W1F chain B from the shared datasets (else the repository's adk_open.pdb),
-each under a random rigid motion and 0.3-2 A of noise, written to a temporary folder; the reference is
-the unperturbed structure. Every variant parses every file, scores TM-score + lDDT (``--metrics``) and
-writes one CSV row per model:
+300; ``--quick`` 40) of 7W1F chain B from the shared datasets (else the repository's adk_open.pdb):
+bench_scoring's perturbed models (rigid motion, residue-correlated noise of 0.3-3 A, a hinge in a
+third), written to a temporary folder by bench_scoring's writer; the reference is the unperturbed
+structure. Variants:
 
-* ``loop`` (the anchor): ``for f in files: tm_score(load(f), ref); lddt(load(f), ref)`` - what a
-  script does without the engine: one call (one set of GPU launches) per file, nothing overlapped.
-  Timed on at most ``--anchor-files`` files; its rate is what the ratios divide by.
-* ``engine inline``: ``protgpu.batch.run(..., pool="inline")`` - batching by length, parsing in the
-  same thread (shows what batching alone buys).
-* ``engine processes``: parsing in ``-j`` worker processes overlapped with the batched compute (the
-  CLI's default for 32 files or more).
-* ``engine dask N``: a local Dask cluster of N worker processes (skipped without dask.distributed).
-* ``engine dask-cuda``: dask-cuda's LocalCUDACluster, one worker per GPU (skipped without dask-cuda or
-  without a GPU).
-* ``parse only``: the process pool's parsing rate with a job that computes nothing - the ceiling the
-  engine approaches when the compute is fast (GPU).
+* ``protgpu score``: the CLI's own job (``score_job`` from the parsed command line
+  ``protgpu score DIR --ref REF --metrics tm,lddt --out scores.csv -q [-j J]``) through the CLI's
+  ``run_job``: expanding the folder, parsing and matching in ``-j`` worker processes (default: every
+  CPU), batched TM-score and lDDT, the journal and the CSV. Its breakdown comes from the engine's
+  timers (``Summary.stats``): read (parse), hash, match (worker CPU seconds, summed over workers),
+  stack + transfer + GPU scoring + rows (the compute loop), write (journal, CSV), and the time the
+  compute loop waited for parsed files.
+* ``anchor``: what a script does without protgpu, in a ``multiprocessing.Pool`` of min(16, CPUs)
+  processes: per file, biotite reads the PDB, ``tmtools.tm_align`` scores its CA trace against the
+  reference's (TM-score normalised by the reference; TM-align also searches the alignment, so it
+  does more work than the TMscore program's fixed residue pairing), ``biotite.structure.lddt`` scores
+  all atoms (no symmetry resolution); then one CSV. Timed on ``--anchor-files`` files (the pool warm);
+  the ratio uses its rate.
+* ``parse only``: the worker pool reading every file (``protgpu.load``) and doing nothing else: the
+  ceiling of the host side.
+* ``--dask-workers N``: the same job on a local Dask cluster of N processes.
+* ``--stub-scores``: also run ``protgpu score`` with the TM-score search and lDDT counting replaced by
+  no-ops - the host pipeline alone, to predict a GPU run on a machine without one.
 
-On a machine without a GPU everything runs on the CPU (the script still runs: ``--quick`` is for that).
+On a machine without a GPU everything runs on the CPU (the NumPy twins take ~0.5 s per 300-residue
+TM-score: use ``--quick`` there).
 
-    python3 benchmarks/bench_batch.py [--quick] [--files F] [--residues L] [--jobs J] [--json PATH]
+    python3 benchmarks/bench_batch.py [--quick] [--files F] [--residues L] [--jobs J] [--anchor-files N]
+                                      [--stub-scores] [--dask-workers N] [--json PATH]
 """
 
 from __future__ import annotations
@@ -30,78 +39,141 @@ import argparse
 import csv
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
+from contextlib import contextmanager
+from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
 from _common import HERE, print_table, write_results
+from bench_scoring import perturbed_models, reference_structure, write_pdbs
 
 from protgpu.batch import Job
 
-SHARED = HERE.parent.parent / "shared" / "datasets"
+# --------------------------------------------------------------------------------------------------
+# the anchor: biotite + tmtools, one process per core
+
+_ANCHOR: dict = {}
+_ONE = {"ALA": "A", "ARG": "R", "ASN": "N", "ASP": "D", "CYS": "C", "GLN": "Q", "GLU": "E", "GLY": "G", "HIS": "H",
+        "ILE": "I", "LEU": "L", "LYS": "K", "MET": "M", "PHE": "F", "PRO": "P", "SER": "S", "THR": "T", "TRP": "W",
+        "TYR": "Y", "VAL": "V"}
 
 
-def reference_lines(n_res: int) -> tuple[list[str], str]:
-    """ATOM lines of the first ``n_res`` residues of 7W1F chain B (or adk_open.pdb)."""
-    path = SHARED / "openstructure" / "7W1F_B_target.pdb"
-    if not path.is_file():
-        path = HERE.parent / "datasets" / "adk_open.pdb"
-    lines, seen = [], []
-    with open(path) as fh:
-        for ln in fh:
-            if not ln.startswith("ATOM"):
-                continue
-            key = (ln[21], ln[22:27])
-            if key not in seen:
-                seen.append(key)
-            if len(seen) > n_res:
-                break
-            lines.append(ln)
-    return lines, path.name
+def _ca_and_sequence(atoms):
+    ca = atoms[atoms.atom_name == "CA"]
+    return np.ascontiguousarray(ca.coord, dtype=np.float64), "".join(_ONE.get(r, "X") for r in ca.res_name)
 
 
-def write_models(folder: Path, lines: list[str], n: int, seed: int = 0) -> list[str]:
-    """``n`` perturbed copies of ``lines`` as PDB files; returns their paths."""
-    rng = np.random.default_rng(seed)
-    xyz = np.array([[float(ln[30 + 8 * k:38 + 8 * k]) for k in range(3)] for ln in lines])
-    centre = xyz.mean(axis=0)
-    paths = []
-    for i in range(n):
-        q = rng.normal(size=4)
-        q /= np.linalg.norm(q)
-        w, x, y, z = q
-        rot = np.array([[w * w + x * x - y * y - z * z, 2 * (x * y - w * z), 2 * (x * z + w * y)],
-                        [2 * (x * y + w * z), w * w - x * x + y * y - z * z, 2 * (y * z - w * x)],
-                        [2 * (x * z - w * y), 2 * (y * z + w * x), w * w - x * x - y * y + z * z]])
-        noise = rng.normal(size=xyz.shape) * rng.uniform(0.3, 2)
-        new = (xyz - centre) @ rot.T + centre + rng.normal(size=3) * 5 + noise
-        text = "".join(ln[:30] + f"{a:8.3f}{b:8.3f}{c:8.3f}" + ln[54:]
-                       for ln, (a, b, c) in zip(lines, new, strict=True))
-        p = folder / f"model_{i:05d}.pdb"
-        p.write_text(text + "END\n")
-        paths.append(str(p))
-    return paths
+def _anchor_init(ref_path: str) -> None:
+    import biotite.structure.io.pdb as bpdb
+
+    ref = bpdb.PDBFile.read(ref_path).get_structure(model=1)
+    ca, seq = _ca_and_sequence(ref)
+    _ANCHOR.update(ref=ref, ca=ca, seq=seq)
 
 
-def loop_anchor(paths: list[str], ref_path: str, metrics: list[str], out: Path) -> None:
-    """The script without the engine: one load and one call per metric per file."""
-    import protgpu as pg
+def _anchor_one(path: str) -> tuple[str, float, float]:
+    """One file as a script scores it: read (biotite), TM-score (tmtools), lDDT (biotite)."""
+    import biotite.structure as bs
+    import biotite.structure.io.pdb as bpdb
+    import tmtools
 
-    ref = pg.load(ref_path)
-    rows = []
-    for p in paths:
-        s = pg.load(p)
-        row = {"model": os.path.basename(p)}
-        if "tm" in metrics:
-            row["tm"] = float(pg.tm_score(s, ref).tm)
-        if "lddt" in metrics:
-            row["lddt"] = float(pg.lddt(s, ref))
-        rows.append(row)
-    with open(out, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    model = bpdb.PDBFile.read(path).get_structure(model=1)
+    ca, seq = _ca_and_sequence(model)
+    tm = tmtools.tm_align(ca, _ANCHOR["ca"], seq, _ANCHOR["seq"]).tm_norm_chain2
+    return os.path.basename(path), float(tm), float(bs.lddt(_ANCHOR["ref"], model))
+
+
+def time_anchor(paths: list[str], ref_path: str, n_procs: int, out: Path) -> float:
+    """Seconds for the anchor to score ``paths`` and write its CSV (the pool started and warm)."""
+    # spawned, not forked: this process may hold a CUDA context and threads
+    with get_context("spawn").Pool(n_procs, initializer=_anchor_init, initargs=(ref_path,)) as pool:
+        pool.map(_anchor_one, paths[:n_procs])  # start-up: imports, the reference
+        t0 = time.perf_counter()
+        rows = pool.map(_anchor_one, paths, chunksize=max(1, len(paths) // (8 * n_procs)))
+        with open(out, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["model", "tm", "lddt"])
+            w.writerows(rows)
+        return time.perf_counter() - t0
+
+
+# --------------------------------------------------------------------------------------------------
+# protgpu
+
+
+def score_args(folder: Path, ref_path: Path, out: Path, metrics: str, jobs: int | None, extra=()):
+    """The parsed ``protgpu score`` command line."""
+    from protgpu.cli import build_parser
+
+    argv = ["score", str(folder), "--ref", str(ref_path), "--metrics", metrics, "--out", str(out), "-q", *extra]
+    if jobs is not None:
+        argv += ["-j", str(jobs)]
+    return build_parser().parse_args(argv)
+
+
+def run_score(args):
+    """What ``protgpu score`` does with ``args``, minus its printing: the engine's Summary."""
+    from protgpu.commands._batch_options import job_device, run_job
+    from protgpu.commands._inputs import expand_inputs
+    from protgpu.commands.score import score_job
+
+    device, _ = job_device(args)
+    return run_job(args, score_job(args, device), expand_inputs(args.inputs), description="score")
+
+
+@contextmanager
+def stubbed_scores():
+    """TM-score search and lDDT counting as no-ops (zeros), everything else as it is."""
+    import importlib
+
+    lddt_mod = importlib.import_module("protgpu.scoring.lddt")  # (the package exports functions by these names)
+    tm_mod = importlib.import_module("protgpu.scoring.tmscore")
+
+    def tm_stub(x, y, n_ali, params, **kw):
+        xp = np if isinstance(x, np.ndarray) else __import__("cupy")
+        m = x.shape[0]
+        return {"score": xp.zeros(m), "rotation": xp.tile(xp.eye(3), (m, 1, 1)), "translation": xp.zeros((m, 3)),
+                "gdt_counts": xp.zeros((m, 5), dtype=xp.int64), "maxsub_sum": xp.zeros(m)}
+
+    def lddt_stub(coords, ref, thresholds=(), symmetry=True, **kw):
+        xp = np if isinstance(coords, np.ndarray) else __import__("cupy")
+        return xp.zeros((coords.shape[0], ref.n_res), dtype=xp.int64)
+
+    saved = (tm_mod.tm_search_numpy, tm_mod.tm_search_cuda, lddt_mod.lddt_counts_numpy, lddt_mod.lddt_counts_cuda)
+    tm_mod.tm_search_numpy = tm_mod.tm_search_cuda = tm_stub
+    lddt_mod.lddt_counts_numpy = lddt_mod.lddt_counts_cuda = lddt_stub
+    try:
+        yield
+    finally:
+        tm_mod.tm_search_numpy, tm_mod.tm_search_cuda, lddt_mod.lddt_counts_numpy, lddt_mod.lddt_counts_cuda = saved
+
+
+def breakdown(stats: dict, n_files: int, elapsed: float, jobs: int) -> list[dict]:
+    """Rows of where the time went: worker steps as CPU seconds summed over the workers (ms per file
+    per core), compute-loop steps as wall seconds (ms per file)."""
+    s = {k: float(v) for k, v in stats.items()}
+    scoring = s.get("tm_s", 0.0) + s.get("lddt_s", 0.0)
+    gpu = max(0.0, scoring - s.get("stack_s", 0.0) - s.get("transfer_s", 0.0))
+    steps = [
+        ("parse (read + parse files)", "workers", s.get("read_s", s.get("load_s", 0.0))),
+        ("hash (sha256 for the journal)", "workers", s.get("hash_s", 0.0)),
+        ("match (residues/atoms to the reference)", "workers", s.get("match_s", 0.0)),
+        ("warm-up (GPU context, kernels, lDDT pairs)", "main", s.get("warmup_s", 0.0)),
+        ("stack (batches on the host)", "main", s.get("stack_s", 0.0)),
+        ("transfer (host to device)", "main", s.get("transfer_s", 0.0)),
+        ("scores (kernels, incl. sync)", "main", gpu),
+        ("rows + journal bookkeeping", "main", max(0.0, s.get("compute_s", 0.0) - scoring)),
+        ("write (journal, CSV)", "main", s.get("write_s", 0.0)),
+        ("waiting for parsed files", "main", s.get("wait_s", 0.0)),
+        ("end to end", "wall", elapsed),
+    ]
+    return [{"step": name, "where": where, "seconds": sec, "ms_per_file": 1e3 * sec / n_files,
+             "note": (f"summed over {jobs} workers: ms per file per core" if where == "workers" else "")}
+            for name, where, sec in steps]
 
 
 class ParseOnly(Job):
@@ -122,91 +194,112 @@ class ParseOnly(Job):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=10_000)
-    ap.add_argument("--residues", type=int, default=120)
-    ap.add_argument("--anchor-files", type=int, default=1000, help="files the per-file loop scores (rate scales)")
-    ap.add_argument("--metrics", default="tm,lddt", help="comma-separated subset of tm,lddt")
-    ap.add_argument("--jobs", "-j", type=int, default=None, help="parse worker processes (default: engine's)")
-    ap.add_argument("--dask-workers", type=int, default=2)
+    ap.add_argument("--residues", type=int, default=300)
+    ap.add_argument("--anchor-files", type=int, default=2000, help="files the anchor scores (its rate is used)")
+    ap.add_argument("--metrics", default="tm,lddt", help="protgpu score --metrics (the anchor does tm,lddt)")
+    ap.add_argument("--jobs", "-j", type=int, default=None, help="parse worker processes (default: the CLI's)")
+    ap.add_argument("--anchor-procs", type=int, default=None, help="anchor pool size (default: min(16, CPUs))")
+    ap.add_argument("--dask-workers", type=int, default=0, help="also run on a local Dask cluster of N workers")
+    ap.add_argument("--stub-scores", action="store_true", help="also run with the score kernels stubbed out")
+    ap.add_argument("--no-anchor", action="store_true")
     ap.add_argument("--quick", action="store_true", help="small sizes (CPU-only machines)")
     ap.add_argument("--json", help="results file (default: benchmarks/results/batch-<device>.json)")
     args = ap.parse_args()
     if args.quick:
         args.files, args.residues, args.anchor_files = min(args.files, 120), min(args.residues, 40), 40
-    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
 
     import protgpu as pg
     from protgpu import batch
     from protgpu._array import gpu_available
 
     device = "gpu" if gpu_available() else "cpu"
+    cores = os.cpu_count() or 1
+    jobs = args.jobs or batch._default_jobs()
+    anchor_procs = args.anchor_procs or min(16, cores)
     tmp = Path(tempfile.mkdtemp(prefix="bench_batch_"))
     try:
-        lines, source = reference_lines(args.residues)
-        ref_path = tmp / "ref.pdb"
-        ref_path.write_text("".join(lines) + "END\n")
+        ref, source = reference_structure(args.residues)
+        t0 = time.perf_counter()
+        (tmp / "ref").mkdir()
+        ref_path = Path(write_pdbs(ref, ref.coords, tmp / "ref")[0])
         folder = tmp / "models"
         folder.mkdir()
-        t0 = time.perf_counter()
-        paths = write_models(folder, lines, args.files)
-        print(f"{args.files} files of {args.residues} residues ({len(lines)} atoms) from {source} written in "
-              f"{time.perf_counter() - t0:.1f} s; scoring {','.join(metrics)} on the {device.upper()}")
-        job_metrics = tuple(m for m in metrics if m in ("tm", "lddt"))
+        paths = write_pdbs(ref, perturbed_models(ref, args.files), folder)
+        size = sum(os.path.getsize(p) for p in paths[:10]) / min(10, len(paths))
+        print(f"{args.files} files of {ref.n_residues} residues ({ref.n_atoms} atoms, {size / 1024:.0f} KiB) from "
+              f"{source} written in {time.perf_counter() - t0:.1f} s; {cores} CPUs, scoring {args.metrics} on the "
+              f"{device.upper()}", flush=True)
 
-        # warm-up: imports, kernel compilation, BLAS threads
-        batch.run(paths[:4], batch.ScoreJob(ref_path, metrics=job_metrics), pool="inline")
-        loop_anchor(paths[:2], str(ref_path), metrics, tmp / "warm.csv")
+        # warm-up: imports, kernel compilation, the forkserver
+        run_score(score_args(paths[0], ref_path, tmp / "warm.csv", args.metrics, 1))
 
-        rows = []
+        rows: list[dict] = []
+        tables: dict = {}
 
         def record(impl, n, seconds, note=""):
             rows.append({"impl": impl, "files": n, "seconds": seconds, "files_per_s": n / seconds, "note": note})
-            print(f"  {impl:24s} {n:6d} files {seconds:8.2f} s {n / seconds:9.1f} files/s {note}", flush=True)
+            print(f"  {impl:34s} {n:6d} files {seconds:8.2f} s {n / seconds:9.1f} files/s  {note}", flush=True)
 
-        n_anchor = min(args.anchor_files, len(paths))
-        t0 = time.perf_counter()
-        loop_anchor(paths[:n_anchor], str(ref_path), metrics, tmp / "loop.csv")
-        record("loop (anchor)", n_anchor, time.perf_counter() - t0, "one call per file")
+        if not args.no_anchor:
+            try:
+                import biotite  # noqa: F401
+                import tmtools  # noqa: F401
 
-        variants = [("engine inline", {"pool": "inline"}), ("engine processes", {"pool": "process", "jobs": args.jobs})]
-        try:
-            import distributed  # noqa: F401
+                n = min(args.anchor_files, len(paths))
+                secs = time_anchor(paths[:n], str(ref_path), anchor_procs, tmp / "anchor.csv")
+                record(f"anchor: biotite+tmtools, {anchor_procs} procs", n, secs, "rate on a subset")
+            except ImportError as exc:
+                print(f"  anchor skipped ({exc})")
 
-            variants.append((f"engine dask {args.dask_workers}", {"workers": args.dask_workers}))
-        except ImportError:
-            print("  engine dask: skipped (dask.distributed not installed)")
-        try:
-            import dask_cuda  # noqa: F401
-
-            if device == "gpu":
-                variants.append(("engine dask-cuda", {"gpus": "all"}))
-            else:
-                print("  engine dask-cuda: skipped (no GPU)")
-        except ImportError:
-            print("  engine dask-cuda: skipped (dask-cuda not installed)")
-        reference_csv = None
-        for name, kw in variants:
+        def score(name, extra=(), **kw):
             out = tmp / f"{name.replace(' ', '_')}.csv"
+            a = score_args(folder, ref_path, out, args.metrics, args.jobs, extra)
             t0 = time.perf_counter()
-            s = batch.run(folder, batch.ScoreJob(ref_path, metrics=job_metrics), out=out, **kw)
+            s = run_score(a)
             dt = time.perf_counter() - t0
-            same = ""
-            if reference_csv is None:
-                reference_csv = out.read_bytes()
-            else:
-                same = "same output" if out.read_bytes() == reference_csv else "OUTPUT DIFFERS"
-            record(name, s.n_ok, dt, same)
-        t0 = time.perf_counter()
-        s = batch.run(folder, ParseOnly(), pool="process", jobs=args.jobs)
-        record("parse only (processes)", s.n_ok, time.perf_counter() - t0, "ceiling of the pipeline")
+            if s.n_ok != len(paths):
+                raise SystemExit(f"{name}: {s.n_failed} file(s) failed: {s.failed[:3]}")
+            record(name, s.n_ok, dt, kw.get("note", ""))
+            tables[name] = breakdown(s.stats, s.n_ok, dt, jobs)
+            return out
 
-        loop_rate = rows[0]["files_per_s"]
+        # the command as a user runs it: a fresh process (interpreter, imports, GPU context included)
+        cli = score_args(folder, ref_path, tmp / "cli.csv", args.metrics, args.jobs)
+        argv = [sys.executable, "-m", "protgpu.cli", "score", str(folder), "--ref", str(ref_path), "--metrics",
+                args.metrics, "--out", str(cli.out), "-q"] + (["-j", str(args.jobs)] if args.jobs else [])
+        t0 = time.perf_counter()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+        r = subprocess.run(argv, capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            raise SystemExit(f"protgpu score failed: {r.stderr.strip()}")
+        record(f"protgpu score command (-j {jobs}, {device})", len(paths), time.perf_counter() - t0,
+               "end to end: new process, CSV written")
+        main_csv = score(f"protgpu score in-process (-j {jobs})", note="the same, timers below")
+        if main_csv.read_bytes() != Path(cli.out).read_bytes():
+            rows[-1]["note"] += "; OUTPUT DIFFERS from the command's"
+        if args.stub_scores:
+            with stubbed_scores():
+                score(f"protgpu score, scores stubbed (-j {jobs})", note="host pipeline alone")
+        if args.dask_workers:
+            out = score(f"protgpu score --workers {args.dask_workers}", ("--workers", str(args.dask_workers)))
+            same = out.read_bytes() == main_csv.read_bytes()
+            rows[-1]["note"] = "same output" if same else "OUTPUT DIFFERS"
+        t0 = time.perf_counter()
+        s = batch.run(folder, ParseOnly(), pool="process", jobs=jobs, quiet=True)
+        record(f"parse only (-j {jobs} processes)", s.n_ok, time.perf_counter() - t0, "ceiling of the host side")
+
+        anchor = next((r["files_per_s"] for r in rows if r["impl"].startswith("anchor")), None)
         for r in rows:
-            r["x_loop"] = r["files_per_s"] / loop_rate
+            r["x_anchor"] = r["files_per_s"] / anchor if anchor else None
         print()
-        print_table(rows, ["impl", "files", "seconds", "files_per_s", "x_loop", "note"])
-        out = write_results("batch", rows, {"files": args.files, "residues": args.residues, "atoms": len(lines),
-                                            "metrics": metrics, "device": device, "source": source,
-                                            "version": pg.__version__}, path=args.json)
+        print_table(rows, ["impl", "files", "seconds", "files_per_s", "x_anchor", "note"])
+        for name, table in tables.items():
+            print(f"\nwhere the time goes: {name}")
+            print_table(table, ["step", "where", "seconds", "ms_per_file", "note"])
+        out = write_results("batch", rows, {"files": args.files, "residues": ref.n_residues, "atoms": ref.n_atoms,
+                                            "metrics": args.metrics, "device": device, "source": source,
+                                            "jobs": jobs, "anchor_procs": anchor_procs, "breakdown": tables,
+                                            "quick": args.quick, "version": pg.__version__}, path=args.json)
         print(f"wrote {out}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

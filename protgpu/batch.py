@@ -4,6 +4,9 @@ A *job* says what to do with one input file (:class:`Job`): ``load(path)`` parse
 pool of worker processes or threads, overlapped with the compute), ``size(item)`` groups parsed inputs
 of similar size, and ``compute(items)`` turns a list of parsed inputs into one result per input, so that
 a folder of 10,000 small structures is a few hundred batched calls (one GPU launch stream), not 10,000.
+Worker processes get the inputs in chunks (up to 16 per task) and should return compact items: what
+crosses back is pickled, and the compute loop is one process. ``Summary.stats`` says where the time
+went.
 :class:`ScoreJob` (``protgpu score``) and :class:`DistancesJob` (``protgpu distances``) are the built-in
 jobs; any function of a :class:`~protgpu.structure.Structure` can be one (:class:`FunctionJob`).
 
@@ -176,6 +179,15 @@ class Summary:
         The output, the manifest, and the errors file (None when nothing failed or no output).
     elapsed_s : float
         Wall-clock seconds.
+    stats : dict of str to float
+        Where the time went, in seconds: ``hash_s`` and
+        ``load_s`` summed over the parse workers (``read_s`` and ``match_s`` split ``load_s`` for
+        :class:`ScoreJob`), ``warmup_s`` (:meth:`Job.warm_up`, while the workers start), ``wait_s``
+        (the compute loop waiting for parsed inputs), ``compute_s``
+        (batched compute in this process; :class:`ScoreJob` adds ``tm_s`` and ``lddt_s``, the time in
+        its two scores, of which ``stack_s`` built host batches and ``transfer_s`` copied them to the
+        GPU, and ``rows_s``) and ``write_s`` (journal and output). Runs on Dask parse and compute on the
+        workers and report only ``write_s``.
     """
 
     n_inputs: int
@@ -188,6 +200,7 @@ class Summary:
     manifest: Path | None
     errors: Path | None
     elapsed_s: float
+    stats: dict = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -307,6 +320,11 @@ class Job:
         """The result of one parsed input (used by the default :meth:`compute`)."""
         raise NotImplementedError(f"{type(self).__name__} defines neither compute nor compute_one")
 
+    def warm_up(self) -> None:
+        """Called once in the computing process right after the first inputs went to the parse
+        workers: prepare what :meth:`compute` needs (a GPU context, kernels, reference data) while the
+        workers start. Errors should be left for the inputs to meet."""
+
 
 def _select(s, select: str | None, path: str):
     if not select:
@@ -373,8 +391,13 @@ class ScoreJob(Job):
     """TM-score, RMSD, GDT-TS/GDT-HA, MaxSub and lDDT of every model file against one reference.
 
     One row per model (per frame of a multi-model file): ``model`` (file name, ``name[i]`` for frame i),
-    then the metrics asked for, as :func:`protgpu.tm_score` and :func:`protgpu.lddt` compute them. Models
-    are batched by residue count, each batch scored with one ``tm_score`` and one ``lddt`` call.
+    then the metrics asked for, as :func:`protgpu.tm_score` and :func:`protgpu.lddt` compute them.
+    :meth:`load` (in a parse worker) reads a model and matches it to the reference there, keeping only
+    the arrays the scores read (:class:`~protgpu.scoring._batch.PreparedModel`: matched CA pairs and the
+    model on the reference's lDDT atoms); matches are cached per distinct atom table, so the many models
+    of one target are matched once per worker. Models are batched by residue count, each batch scored
+    with one TM-score search and one lDDT launch on the stacked arrays (the lDDT reference pairs are
+    built once per job, not per batch).
 
     Parameters
     ----------
@@ -410,6 +433,10 @@ class ScoreJob(Job):
         bad = [m for m in metrics if m not in ("tm", "lddt", "gdt", "rmsd")]
         if bad or not metrics:
             raise InputError(f"metrics {list(metrics)!r}: choose from tm, lddt, gdt, rmsd")
+        if not isinstance(mapping, str) or mapping not in ("resnum", "sequence"):
+            raise InputError(f"mapping {mapping!r}: use resnum or sequence")
+        if lddt_atoms not in ("heavy", "ca"):
+            raise InputError(f"lddt_atoms {lddt_atoms!r}: use heavy or ca")
         self.metrics = tuple(metrics)
         self.mapping = mapping
         self.normalize_by = normalize_by
@@ -430,6 +457,8 @@ class ScoreJob(Job):
         self.want_tm = any(m in self.metrics for m in ("tm", "gdt", "rmsd"))
         self.want_lddt = "lddt" in self.metrics or self.per_residue or keep_per_residue
         self.residue_labels = lddt_residue_labels(self.reference) if self.want_lddt else []
+        # per-residue values go into the rows only when asked for: R more values per row to journal
+        self.rows_per_residue = self.per_residue or bool(keep_per_residue)
         self.tm_fields = ([f for m, f in (("tm", "tm"), ("rmsd", "rmsd")) if m in self.metrics]
                           + (["gdt_ts", "gdt_ha", "maxsub"] if "gdt" in self.metrics else []))
         columns = ["model"] + self.tm_fields + (["n_aligned"] if self.want_tm else [])
@@ -438,6 +467,12 @@ class ScoreJob(Job):
         if self.per_residue:
             columns += [f"lddt:{lab}" for lab in self.residue_labels]
         self.columns = columns
+        self.stats: dict = {}  # seconds by step, added up by compute (this process)
+        self._caches: dict = {}  # prepared reference, lDDT reference pairs: built where needed
+
+    def __getstate__(self):
+        # the caches hold device arrays and are cheap to rebuild: workers start without them
+        return {**self.__dict__, "_caches": {}, "stats": {}}
 
     def options(self) -> dict:
         return {"reference": os.path.basename(self.reference_name), "reference_sha256": self.reference_sha256,
@@ -445,43 +480,121 @@ class ScoreJob(Job):
                 "lddt_atoms": self.lddt_atoms, "symmetry": self.symmetry, "per_residue": self.per_residue,
                 "select": self.select, "top": self.top}
 
+    def _prepared_reference(self):
+        from .scoring._batch import PreparedReference
+
+        ref = self._caches.get("prepared")
+        if ref is None:
+            ref = self._caches["prepared"] = PreparedReference(self.reference)
+        return ref
+
+    def _prepare(self, s):
+        from .scoring._batch import prepare_model
+
+        return prepare_model(s, self._prepared_reference(), mapping=self.mapping, tm=self.want_tm,
+                             lddt_atoms=self.lddt_atoms if self.want_lddt else None)
+
     def load(self, path: str):
+        """Read one model file and match it to the reference: a
+        :class:`~protgpu.scoring._batch.PreparedModel` (its ``timings`` say how long each step took)."""
         from .io import load
 
-        return _select(load(path, top=self.top), self.select, path)
+        t0 = time.perf_counter()
+        s = _select(load(path, top=self.top), self.select, path)
+        read_s = time.perf_counter() - t0
+        item = self._prepare(s)
+        item.timings["read_s"] = read_s
+        return item
 
     def size(self, item) -> object:
         return _length_bucket(item.n_residues)
 
-    def compute(self, items: list) -> list:
-        from .scoring import lddt, tm_score
+    def _add(self, key: str, seconds: float) -> None:
+        self.stats[key] = self.stats.get(key, 0.0) + seconds
 
-        names = [_frame_names(s) for s in items]
+    def warm_up(self) -> None:
+        """Build the lDDT reference pairs; on the GPU also score the reference against itself once,
+        which creates the CUDA context, loads the kernels and puts the pair lists on the device."""
+        from ._array import dispatch
+
+        saved = dict(self.stats)
+        try:
+            if dispatch(device=self.device).on_gpu:
+                self.compute([self.reference])
+            elif self.want_lddt:
+                self._lddt_reference()
+        except Exception:  # the inputs will meet it again and report it properly
+            pass
+        finally:
+            self.stats = saved
+
+    def compute(self, items: list) -> list:
+        from .scoring import _batch as sb
+        from .scoring import tm_score
+
+        # Structures are accepted too (a caller's own loop); the engine hands over prepared models
+        items = [it if isinstance(it, sb.PreparedModel) else self._prepare(it) for it in items]
+        names = [it.names for it in items]
         rows = [{"model": n} for ns in names for n in ns]
+        timers0 = dict(sb.timers)
         if self.want_tm:
-            r = tm_score(list(items), self.reference, normalize_by=self.normalize_by, mapping=self.mapping,
+            t0 = time.perf_counter()
+            r = tm_score(items, self.reference, normalize_by=self.normalize_by, mapping=self.mapping,
                          device=self.device)
+            self._add("tm_s", time.perf_counter() - t0)
             for f in [*self.tm_fields, "n_aligned"]:
                 for row, v in zip(rows, np.asarray(getattr(r, f)).reshape(-1).tolist(), strict=True):
                     row[f] = v
         if self.want_lddt:
-            g, per = lddt(list(items), self.reference, atoms=self.lddt_atoms, per_residue=True,
-                          symmetry=self.symmetry, mapping=self.mapping, device=self.device)
-            cols = [f"lddt:{lab}" for lab in self.residue_labels]
-            for row, gv, pv in zip(rows, np.asarray(g).reshape(-1).tolist(), np.asarray(per).tolist(), strict=True):
+            t0 = time.perf_counter()
+            g, per = self._lddt(items)
+            self._add("lddt_s", time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            cols = [f"lddt:{lab}" for lab in self.residue_labels] if self.rows_per_residue else []
+            per_rows = per.tolist() if cols else [()] * len(rows)
+            for row, gv, pv in zip(rows, g.reshape(-1).tolist(), per_rows, strict=True):
                 if "lddt" in self.metrics:
                     row["lddt"] = gv
                 row.update(zip(cols, pv, strict=True))
+            self._add("rows_s", time.perf_counter() - t0)
+        for k, v in sb.timers.items():  # stack_s, transfer_s: parts of tm_s and lddt_s
+            self._add(k, v - timers0.get(k, 0.0))
         out, k = [], 0
         for ns in names:
             out.append(Result(rows=rows[k:k + len(ns)]))
             k += len(ns)
         return out
 
+    def _lddt_reference(self):
+        """(LDDTReference, reference ResidueInfo, scored reference atoms), built once per job with
+        :func:`protgpu.lddt`'s default inclusion radius (15 A)."""
+        from .scoring.lddt import _structure_reference
 
-def _frame_names(s) -> list[str]:
-    base = os.path.basename(str(s.source)) if s.source else "model"
-    return [base] if s.n_frames == 1 else [f"{base}[{i}]" for i in range(s.n_frames)]
+        key = ("lddt", self.lddt_atoms)
+        if key not in self._caches:
+            self._caches[key] = _structure_reference(self.reference, self.lddt_atoms, 15.0)
+        return self._caches[key]
+
+    def _lddt(self, items: list) -> tuple[np.ndarray, np.ndarray]:
+        """Global (M,) and per-residue (M, R) lDDT of prepared models, as :func:`protgpu.lddt` computes
+        them (its default thresholds and inclusion radius), with the reference's pair lists built once
+        per job instead of once per batch (and kept on the device between batches)."""
+        from ._array import dispatch, to_numpy
+        from .scoring import _batch as sb
+        from .scoring.lddt import lddt_counts_cuda, lddt_counts_numpy, lddt_scores
+
+        thresholds = (0.5, 1.0, 2.0, 4.0)
+        be = dispatch(*items, self.reference, device=self.device)
+        ref, info, ref_atoms = self._lddt_reference()
+        groups, _ = sb.collect_models(items, self.reference)
+        batch = sb.atom_batch(groups, self.reference, info, ref_atoms, self.mapping, be,
+                              sb.work_dtype(items, self.reference))
+        if be.on_gpu:
+            counts = lddt_counts_cuda(batch.coords, ref, thresholds, self.symmetry)
+        else:
+            counts = lddt_counts_numpy(batch.coords.astype(np.float64), ref, thresholds, self.symmetry)
+        glob, per = lddt_scores(counts, ref, len(thresholds), be.xp)
+        return to_numpy(glob), to_numpy(per)
 
 
 class DistancesJob(Job):
@@ -594,6 +707,15 @@ def file_sha256(path, chunk: int = 1 << 20) -> str:
     -------
     str
         64 hex digits.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from pathlib import Path
+    >>> path = Path(tempfile.mkdtemp()) / "abc.txt"
+    >>> _ = path.write_text("abc")
+    >>> file_sha256(path)
+    'ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad'
     """
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -626,7 +748,15 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def shard_path(out, i: int, n: int) -> Path:
     """Output path of shard i of n: ``{shard}`` in the name is replaced by ``i-of-n``; otherwise
-    ``.shard-i-of-n`` goes before the suffix (``scores.csv`` -> ``scores.shard-0-of-4.csv``)."""
+    ``.shard-i-of-n`` goes before the suffix (``scores.csv`` -> ``scores.shard-0-of-4.csv``).
+
+    Examples
+    --------
+    >>> shard_path("scores.csv", 0, 4).as_posix()
+    'scores.shard-0-of-4.csv'
+    >>> shard_path("out/{shard}.npz", 2, 4).as_posix()
+    'out/2-of-4.npz'
+    """
     p = Path(out)
     tag = f"{i}-of-{n}"
     if "{shard}" in p.name:
@@ -700,18 +830,37 @@ def _install_job(job_bytes: bytes, owner: int) -> None:
     threading.Thread(target=watch, name="protgpu-owner-watch", daemon=True).start()
 
 
-def _parse_one(job: Job, index: int, path: str):
+def _parse_one(job: Job, index: int, path: str, times: dict | None = None):
+    """(index, sha256, parsed item, None) or (index, sha256 or None, None, _Failure); adds the seconds
+    spent hashing and loading to ``times``."""
     sha = None
+    t0 = time.perf_counter()
     try:
         sha = file_sha256(path)
+        t1 = time.perf_counter()
         item = job.load(path)
     except Exception as exc:  # recorded per input; the engine decides whether to stop
         return index, sha, None, _failure(exc, path)
+    if times is not None:
+        t2 = time.perf_counter()
+        times["hash_s"] = times.get("hash_s", 0.0) + (t1 - t0)
+        times["load_s"] = times.get("load_s", 0.0) + (t2 - t1)
     return index, sha, item, None
+
+
+def _parse_chunk(job: Job, chunk: list) -> tuple[list, dict]:
+    """Parse a chunk of (index, path): one task per chunk, so that the pool's per-task cost (pickling,
+    queues, a future) is paid once per chunk and not once per small file."""
+    times: dict = {}
+    return [_parse_one(job, index, path, times) for index, path in chunk], times
 
 
 def _parse_in_worker(index: int, path: str):
     return _parse_one(_WORKER_JOB, index, path)
+
+
+def _parse_chunk_in_worker(chunk: list) -> tuple[list, dict]:
+    return _parse_chunk(_WORKER_JOB, chunk)
 
 
 @dataclass
@@ -758,7 +907,13 @@ def _failed(index: int, path: str, sha, f: _Failure) -> InputResult:
 
 
 def _default_jobs() -> int:
-    return max(1, min(8, (os.cpu_count() or 1)))
+    """Parse workers by default: every CPU this process may run on (at most 32). The compute loop
+    shares a CPU with them, but it mostly waits (for the GPU, or for parsed inputs)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(32, n))
 
 
 def _mp_context(start_method: str | None):
@@ -768,7 +923,7 @@ def _mp_context(start_method: str | None):
     ctx = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
         # imported once in the server, inherited by every worker it forks
-        ctx.set_forkserver_preload(["numpy", "protgpu.io", "protgpu.batch"])
+        ctx.set_forkserver_preload(["numpy", "protgpu.io", "protgpu.batch", "protgpu.scoring._batch"])
     return ctx
 
 
@@ -790,10 +945,11 @@ class _Parser:
         elif self.kind == "thread":
             self.executor = ThreadPoolExecutor(self.n, thread_name_prefix="protgpu-parse")
 
-    def submit(self, index: int, path: str):
+    def submit(self, chunk: list):
+        """Parse a list of (index, path) in one task; its future gives ``_parse_chunk``'s result."""
         if self.kind == "process":
-            return self.executor.submit(_parse_in_worker, index, path)
-        return self.executor.submit(_parse_one, self.job, index, path)
+            return self.executor.submit(_parse_chunk_in_worker, chunk)
+        return self.executor.submit(_parse_chunk, self.job, chunk)
 
     def restart(self):
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -817,9 +973,28 @@ class _Parser:
                 ex.shutdown(wait=True, cancel_futures=True)
 
 
+def _add_times(stats: dict, times) -> None:
+    for k, v in (times or {}).items():
+        stats[k] = stats.get(k, 0.0) + v
+
+
+def _chunk_size(kind: str, n_inputs: int, jobs: int) -> int:
+    """Inputs per parse task: up to 16 for processes (IPC per task costs about as much as hashing a
+    small file), fewer when there are few inputs so that every worker gets some; 1 for threads."""
+    if kind != "process":
+        return 1
+    return max(1, min(16, n_inputs // (4 * jobs)))
+
+
 def _iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, batch_size: int,
-                log) -> Iterator[list[InputResult]]:
-    """Yield lists of results, one list per computed batch (plus lists of parse failures)."""
+                log, stats: dict | None = None) -> Iterator[list[InputResult]]:
+    """Yield lists of results, one list per computed batch (plus lists of parse failures).
+
+    ``stats`` (if given) receives seconds: ``hash_s``/``load_s`` (parse work, summed over workers),
+    whatever the parsed items report in a ``timings`` dict, ``wait_s`` (waiting for parse results) and
+    ``compute_s`` (the job's compute).
+    """
+    stats = {} if stats is None else stats
     if pool == "process":
         try:
             pickle.dumps(job)
@@ -828,10 +1003,14 @@ def _iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, bat
             pool = "thread"
     parser = _Parser(job, pool, jobs, start_method, log) if pool != "inline" else None
     queue = deque(todo)
-    in_flight: dict = {}
+    in_flight: dict = {}  # future -> its chunk of (index, path)
+    n_in_flight = 0
     groups: dict = {}
     n_buffered = 0
-    ahead = max(4 * jobs, batch_size)  # parsed ahead while a batch computes: the overlap
+    chunk = _chunk_size(pool, len(todo), jobs)
+    # parsed ahead while a batch computes (the overlap): three chunks per worker keep each one busy
+    # through a batch's compute, when no new chunk is submitted
+    ahead = max(3 * jobs * chunk, batch_size)
     max_buffer = 2 * batch_size
 
     def add(res):
@@ -839,6 +1018,7 @@ def _iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, bat
         index, sha, item, fail = res
         path = paths[index]
         if fail is None:
+            _add_times(stats, getattr(item, "timings", None))
             try:
                 key = job.size(item)
             except Exception as exc:
@@ -858,7 +1038,19 @@ def _iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, bat
         else:
             del groups[key]
         n_buffered -= len(entries)
-        return _compute_group(job, entries, log)
+        t0 = time.perf_counter()
+        out = _compute_group(job, entries, log)
+        stats["compute_s"] = stats.get("compute_s", 0.0) + time.perf_counter() - t0
+        return out
+
+    warmed = False
+
+    def warm_up():
+        nonlocal warmed
+        warmed = True
+        t0 = time.perf_counter()
+        job.warm_up()
+        stats["warmup_s"] = stats.get("warmup_s", 0.0) + time.perf_counter() - t0
 
     paths = dict(todo)
     try:
@@ -874,27 +1066,37 @@ def _iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, bat
                 yield flush(full)
                 continue
             if parser is None:
+                if not warmed:
+                    warm_up()
                 index, path = queue.popleft()
-                failed = add(_parse_one(job, index, path))
+                failed = add(_parse_one(job, index, path, stats))
                 if failed:
                     yield failed
                 continue
-            while queue and len(in_flight) < ahead and n_buffered + len(in_flight) < max_buffer + ahead:
-                index, path = queue.popleft()
-                in_flight[parser.submit(index, path)] = (index, path)
+            while queue and n_in_flight < ahead and n_buffered + n_in_flight < max_buffer + ahead:
+                part = [queue.popleft() for _ in range(min(chunk, len(queue)))]
+                in_flight[parser.submit(part)] = part
+                n_in_flight += len(part)
+            if not warmed:  # while the workers start and parse the first chunks
+                warm_up()
+            t0 = time.perf_counter()
             done, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
+            stats["wait_s"] = stats.get("wait_s", 0.0) + time.perf_counter() - t0
             failed: list = []
             broken = False
             for fut in done:
                 try:
-                    res = fut.result()
+                    results, times = fut.result()
                 except BrokenProcessPool:
                     broken = True
                     continue
-                in_flight.pop(fut)
-                failed += add(res)
+                n_in_flight -= len(in_flight.pop(fut))
+                _add_times(stats, times)
+                for res in results:
+                    failed += add(res)
             if broken:
                 failed += _recover(parser, in_flight, add, log)
+                n_in_flight = 0
             if failed:
                 yield failed
     finally:
@@ -903,13 +1105,14 @@ def _iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, bat
 
 
 def _recover(parser: _Parser, in_flight: dict, add, log) -> list[InputResult]:
-    """A parse worker died: every input in flight is a suspect; retry each once, alone."""
+    """A parse worker died: every input of every chunk in flight is a suspect; retry each once, alone."""
     suspects, failed = [], []
-    for fut, meta in list(in_flight.items()):
+    for fut, part in list(in_flight.items()):
         if fut.done() and not fut.cancelled() and fut.exception() is None:
-            failed += add(fut.result())
+            for res in fut.result()[0]:
+                failed += add(res)
         else:
-            suspects.append(meta)
+            suspects += part
     in_flight.clear()
     parser.restart()
     log(f"a parse worker process died; retrying {len(suspects)} input(s) one at a time")
@@ -1077,6 +1280,16 @@ def write_table(path, rows: list[dict], columns: list[str] | None = None) -> Pat
         Unknown suffix, or parquet without pyarrow.
     OutputError
         The file could not be written; an earlier file of that name is left as it was.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> rows = [{"model": "a.pdb", "tm": 0.91}, {"model": "b.pdb", "tm": 0.45, "note": "partial"}]
+    >>> path = write_table(os.path.join(tempfile.mkdtemp(), "scores.csv"), rows)
+    >>> print(path.read_text(), end="")
+    model,tm,note
+    a.pdb,0.91,
+    b.pdb,0.45,partial
     """
     path = Path(path)
     cols = list(columns) if columns is not None else _columns_of(rows)
@@ -1384,6 +1597,7 @@ class _Run:
         self.failed: list = []
         self.out = self.manifest = self.errors = None
         self.collected: list[InputResult] = []
+        self.stats: dict = {}  # seconds by step (Summary.stats)
 
 
 def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: bool = False, shard=None,
@@ -1415,10 +1629,10 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
         ``"i/N"`` or ``(i, N)``: only the inputs at positions i, i+N, i+2N, ... of the expanded list;
         ``out`` gets ``.shard-i-of-N`` before its suffix (or replaces ``{shard}`` in its name).
     jobs : int, optional
-        Parse workers (default: CPU count, at most 8).
+        Parse workers (default: the CPUs this process may use, at most 32).
     pool : {"auto", "process", "thread", "inline"}
-        Parse workers as processes (true parallel parsing; the default for 32 inputs or more), threads,
-        or inline in the calling thread (no overlap).
+        Parse workers as processes (true parallel parsing; the default for 32 inputs or more; each task
+        parses a chunk of up to 16 inputs), threads, or inline in the calling thread (no overlap).
     batch_size : int, optional
         Most inputs per compute call (default: the job's).
     scheduler : str, optional
@@ -1452,9 +1666,24 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
         input that failed, named.
     OutputError
         An output, part or manifest could not be written; what was journaled before stays valid.
+
+    Examples
+    --------
+    Any function of a Structure that returns a row is a job; ``pool="inline"`` parses in this
+    thread (no worker processes, for a few small inputs):
+
+    >>> def count_ca(s):
+    ...     return {"ca_atoms": s.select("ca").n_atoms, "frames": s.n_frames}
+    >>> inputs = ["datasets/adk_open.pdb", "datasets/adk_closed.pdb"]
+    >>> for r in iter_results(inputs, count_ca, pool="inline", quiet=True):
+    ...     print(r.input, r.status, r.rows)
+    datasets/adk_open.pdb ok [{'ca_atoms': 214, 'frames': 1}]
+    datasets/adk_closed.pdb ok [{'ca_atoms': 214, 'frames': 1}]
     """
     job = _as_job(job)
     state = _state if _state is not None else _Run()
+    stats = state.stats
+    job_stats0 = dict(getattr(job, "stats", None) or {})
     if log is None:
         log = (lambda m: None) if quiet else _logger.warning
     if pool not in ("auto", "process", "thread", "inline"):
@@ -1528,7 +1757,7 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
                                  batch_size=batch_size, log=bar.note_to(log))
         else:
             batches = _iter_local(job, todo, jobs=jobs, pool=pool, start_method=start_method,
-                                  batch_size=batch_size, log=bar.note_to(log))
+                                  batch_size=batch_size, log=bar.note_to(log), stats=stats)
         try:
             for results in batches:
                 results.sort(key=lambda r: r.index)
@@ -1537,7 +1766,9 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
                 if fatal is not None:
                     _raise_for(fatal)
                 if store is not None:
+                    t0 = time.perf_counter()
                     store.commit(results if keep_going else [r for r in results if r.ok])
+                    stats["write_s"] = stats.get("write_s", 0.0) + time.perf_counter() - t0
                 for r in results:
                     if r.ok:
                         state.n_ok += 1
@@ -1559,6 +1790,11 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
                 close()
     finally:
         bar.close()
+        # the job's own timers (ScoreJob.stats), as far as this run added to them
+        for k, v in (getattr(job, "stats", None) or {}).items():
+            if isinstance(v, float):
+                stats[k] = stats.get(k, 0.0) + v - job_stats0.get(k, 0.0)
+    t0 = time.perf_counter()
     if store is not None and store.started:
         rows, failed, errors = store.finish(order)
         state.rows, state.failed, state.errors = rows, failed, errors
@@ -1566,6 +1802,7 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
         store._start()
         rows, failed, errors = store.finish(order)
         state.rows, state.failed, state.errors = rows, failed, errors
+    stats["write_s"] = stats.get("write_s", 0.0) + time.perf_counter() - t0
 
 
 def run(inputs, job, *, on_result: Callable[[InputResult], None] | None = None, **kwargs) -> Summary:
@@ -1600,4 +1837,4 @@ def run(inputs, job, *, on_result: Callable[[InputResult], None] | None = None, 
         state.failed = [(r.input, r.error) for r in state.collected if not r.ok]
     return Summary(n_inputs=state.n_inputs, n_ok=state.n_ok, n_failed=state.n_failed, n_resumed=state.n_resumed,
                    rows=state.rows, failed=state.failed, out=state.out, manifest=state.manifest,
-                   errors=state.errors, elapsed_s=time.perf_counter() - t0)
+                   errors=state.errors, elapsed_s=time.perf_counter() - t0, stats=dict(state.stats))

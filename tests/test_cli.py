@@ -122,3 +122,49 @@ def test_score_needs_ref_or_consensus(datasets):
     assert r.returncode == 2 and "--ref is required" in r.stderr
     r = run_cli("score", datasets / "adk_open.pdb", "--ref", datasets / "adk_open.pdb", "--consensus")
     assert r.returncode == 2 and "leave out --ref" in r.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# --plot: every subcommand that has the option writes a PNG that is not blank
+
+PLOT_RUNS = {
+    "contacts": ["{d}/adk_open.pdb"],
+    "rmsd": ["{d}/adk_dims.dcd", "--top", "{d}/adk_open.pdb", "--ref", "{d}/adk_closed.pdb", "--select", "ca"],
+    "pairwise-rmsd": ["{d}/adk_dims.dcd", "--top", "{d}/adk_open.pdb", "--select", "ca"],
+    "score": ["{d}/adk_closed.pdb", "{d}/adk_open.pdb", "--ref", "{d}/adk_open.pdb", "--metrics", "lddt",
+              "--jobs", "1"],
+}
+
+
+def _subcommands_with_plot() -> list[str]:
+    import argparse
+
+    from protgpu.cli import build_parser
+
+    parser = build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # no public handle
+    return sorted(name for name, sub in subs.choices.items()
+                  if any("--plot" in a.option_strings for a in sub._actions))
+
+
+def test_every_plot_option_is_tested():
+    assert _subcommands_with_plot() == sorted(PLOT_RUNS)
+
+
+@pytest.mark.parametrize("command", sorted(PLOT_RUNS))
+def test_plot_option_writes_a_png_that_is_not_blank(tmp_path, datasets, command, capsys):
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    png = tmp_path / f"{command}.png"
+    argv = [command, *(a.format(d=datasets) for a in PLOT_RUNS[command]), "--plot", str(png), "--device", "cpu", "-q"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rgb = np.round(imread(png)[..., :3] * 255).astype(np.int16).reshape(-1, 3)
+    assert len(rgb) > 300 * 300
+    colours, counts = np.unique(rgb, axis=0, return_counts=True)
+    assert len(colours) > 20, f"{command}: {len(colours)} colours"
+    assert counts.max() / counts.sum() < 0.995, f"{command}: one flat colour"
+    coloured = int((rgb.max(axis=1) - rgb.min(axis=1) > 60).sum())  # data, not only black text and axes
+    assert coloured > 100, f"{command}: {coloured} coloured pixels"
+    assert [p.name for p in tmp_path.iterdir()] == [png.name]  # no temporary file left behind

@@ -24,7 +24,7 @@ def add_batch_options(p) -> None:
                    help="process shard i of N (i from 0, e.g. $SLURM_ARRAY_TASK_ID/N); the output gets "
                         ".shard-i-of-N before its suffix ({shard} in its name is replaced instead)")
     g.add_argument("--jobs", "-j", type=int, metavar="N",
-                   help="parse worker processes (default: CPU count, at most 8)")
+                   help="parse worker processes (default: the usable CPUs, at most 32)")
     g.add_argument("--batch-size", type=int, metavar="N", help="most inputs per compute batch")
     g.add_argument("--scheduler", metavar="ADDRESS",
                    help="run on an existing Dask distributed scheduler (e.g. tcp://host:8786)")

@@ -1,17 +1,26 @@
 """``protgpu contacts INPUT... [--scheme] [--cutoff] [--frequency] [--out maps.npz] [--plot map.png]``:
-residue contact maps per input, with a short summary and an optional heatmap."""
+residue contact maps per input, with a short summary and an optional heatmap.
+
+Inputs run through the batch engine (:mod:`protgpu.batch`, job :class:`protgpu.jobs.ContactsJob`):
+parsed in worker processes, journaled beside ``--out`` (``OUT.manifest.jsonl``) so that ``--resume``
+picks up a killed run, with ``--keep-going``, ``--shard`` and the Dask options. The ``.npz`` holds
+``<stem>/<name>`` arrays per input (stems made unique) plus ``inputs``; a run of one input (no
+``--shard``) keeps the plain names (``distances``, ``frequency``, ...). ``--plot`` draws one heatmap
+per input where the map is computed (on the Dask workers with ``--scheduler``), and not again for
+inputs that ``--resume`` skips.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
-import time
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputError
+from ._batch_options import add_batch_options, job_device, report_failures, run_job
 from ._inputs import expand_inputs
-from ._progress import progress
 
 
 def register(sub, common) -> None:
@@ -37,6 +46,7 @@ def register(sub, common) -> None:
     p.add_argument("--pairs", action="store_true", help="store contacts as sparse (frame, i, j, distance) records")
     p.add_argument("--plot", metavar="PNG",
                    help="write a heatmap (frequency map over frames, distance map for one frame)")
+    add_batch_options(p)
     p.set_defaults(func=run)
 
 
@@ -58,10 +68,31 @@ def _plot(cm, path: str) -> None:
                 ylabel="residue", cbar_label="distance (Å)", vmin=0.0, vmax=4 * cm.cutoff, cmap="viridis_r")
 
 
+def _draw(targets: dict, path: str, cm) -> None:
+    """ContactsJob's ``on_map``: the heatmap of one input, to its PNG (module level: picklable)."""
+    target = targets.get(path)
+    if target:
+        _plot(cm, target)
+
+
+def _bare_single_input(out: str) -> None:
+    """Rewrite the engine's ``<stem>/<name>`` .npz of one input with the plain names (the layout a
+    one-input run has always had), atomically, in the engine's deterministic .npz format."""
+    from ..batch import _write_npz, _writing
+
+    with np.load(out) as z:
+        arrays = {k: z[k] for k in z.files}
+    stems = {k.split("/", 1)[0] for k in arrays if "/" in k}
+    if len(stems) != 1:
+        return
+    prefix = f"{stems.pop()}/"
+    items = [(k[len(prefix):] if k.startswith(prefix) else k, a) for k, a in arrays.items()]
+    _writing(out, lambda tmp: _write_npz(tmp, items))
+
+
 def run(args) -> int:
-    from .._array import dispatch
-    from ..contacts import contacts
-    from ..io import load, save_array
+    from ..batch import stem_keys
+    from ..jobs import ContactsJob
 
     if args.out and not args.out.endswith(".npz"):
         raise InputError(f"--out {args.out}: contact maps are several arrays; use a .npz file name")
@@ -72,42 +103,35 @@ def run(args) -> int:
     if args.min_separation < 0:
         raise InputError(f"--min-separation {args.min_separation}: must be >= 0")
     paths = expand_inputs(args.inputs)
-    device = dispatch(device=args.device).device
-    results: dict[str, np.ndarray] = {}
-    from ..batch import stem_keys
-
-    stems = dict(zip(paths, stem_keys(paths, reserved=()), strict=True))  # unique .npz prefixes
-    t_all = time.perf_counter()
-    for path in progress(paths, description="contacts", quiet=args.quiet):
-        s = load(path, top=args.top)
-        t0 = time.perf_counter()
-        cm = contacts(s, scheme=args.scheme, cutoff=args.cutoff, min_separation=args.min_separation,
+    device, where = job_device(args)
+    targets: dict[str, str] = {}
+    if args.plot:
+        # one PNG per input, named by the same unique stems as the .npz entries
+        p = Path(args.plot)
+        targets = ({paths[0]: args.plot} if len(paths) == 1 else
+                   {path: str(p.with_name(f"{p.stem}_{stem}{p.suffix}"))
+                    for path, stem in zip(paths, stem_keys(paths), strict=True)})
+    job = ContactsJob(scheme=args.scheme, cutoff=args.cutoff, min_separation=args.min_separation,
                       residues=args.select, frequency=args.frequency, output="pairs" if args.pairs else "dense",
-                      inter_chain=not args.no_inter_chain, periodic=not args.no_periodic, device=device)
-        dt = time.perf_counter() - t0
-        stem = stems[path]
-        arrays = cm.to_dict()
-        if len(paths) == 1:
-            results.update(arrays)
-        else:
-            results.update({f"{stem}/{k}": v for k, v in arrays.items()})
-        if args.plot:
-            target = args.plot
-            if len(paths) > 1:
-                p = Path(args.plot)
-                target = str(p.with_name(f"{p.stem}_{stem}{p.suffix}"))
-            _plot(cm, target)
-        if not args.quiet:
-            print(f"{path}: {cm.summary()}; {cm.device.upper()}, {dt:.3f} s")
-    if args.out:
-        results["inputs"] = np.array(paths)
-        save_array(args.out, results)
+                      inter_chain=not args.no_inter_chain, periodic=not args.no_periodic, top=args.top,
+                      device=device, on_map=functools.partial(_draw, targets) if targets else None)
+
+    def show(r) -> None:
+        if not args.quiet and r.ok and r.rows:
+            row = r.rows[0]
+            how = "resumed" if r.resumed else f"{row['device'].upper()}, {row['seconds']:.3f} s"
+            print(f"{r.input}: {row['summary']}; {how}", flush=True)
+
+    summary = run_job(args, job, paths, description="contacts", on_result=show)
+    if args.out and len(paths) == 1 and not args.shard and summary.n_ok == 1:
+        _bare_single_input(str(summary.out))
     if not args.quiet:
-        dt = time.perf_counter() - t_all
-        where = [f"maps to {args.out}"] if args.out else []
+        dest = [f"maps to {summary.out}"] if summary.out else []
         if args.plot:
             plots = args.plot if len(paths) == 1 else str(Path(args.plot).with_name(Path(args.plot).stem + "_*.png"))
-            where.append(f"plot{'s' if len(paths) > 1 else ''} to {plots}")
-        tail = f"; {', '.join(where)}" if where else ""
-        print(f"{len(paths)} input(s) on the {device.upper()} in {dt:.2f} s{tail}")
-    return 0
+            dest.append(f"plot{'s' if len(paths) > 1 else ''} to {plots}")
+        tail = f"; {', '.join(dest)}" if dest else ""
+        resumed = f" ({summary.n_resumed} resumed)" if summary.n_resumed else ""
+        print(f"{summary.n_ok} input(s){resumed} on the {where} in {summary.elapsed_s:.2f} s{tail}")
+    report_failures(summary, "contacts")
+    return summary.exit_code

@@ -1,28 +1,40 @@
 """``protgpu rmsd`` and ``protgpu pairwise-rmsd``: RMSD after optimal superposition (QCP).
 
-``protgpu rmsd INPUT... --ref REF [--select SEL] [--fit SEL] [--out FILE] [--superpose-out FILE]``
+``protgpu rmsd INPUT... --ref REF [--select SEL] [--fit SEL] [--out FILE] [--superpose-out FILE] [--plot PNG]``
     RMSD of every frame of every input to one reference frame, Angstrom. ``--fit`` picks the atoms
-    superposed on (default: ``--select``, else all), ``--select`` the atoms measured.
+    superposed on (default: ``--select``, else all), ``--select`` the atoms measured. ``--plot`` draws
+    RMSD against frame, one line per input (against input, for many single-frame inputs).
 ``protgpu pairwise-rmsd INPUT... [--select SEL] [--out .npy|.npz|.zarr] [--plot heatmap.png]``
     All-vs-all RMSD of the frames of all inputs (trajectories, multi-model files, or many
     single-structure files with the same atoms after selection), stacked in input order.
+
+``rmsd`` runs through the batch engine (:class:`protgpu.jobs.RmsdJob`): a table ``--out`` (``.csv``,
+``.jsonl``, ``.parquet``; columns input, frame, rmsd_angstrom) is journaled input by input, so
+``--resume``, ``--shard`` and the Dask options apply. ``.npy`` (the RMSD vector) and ``.npz``
+(rmsd, input, frame) are one piece over all frames: written after the last input, with a manifest but
+no journal, so they take ``--shard`` (one file per shard) and ``--keep-going`` but not ``--resume``.
+``--superpose-out`` keeps every aligned frame in this process until the end: it is refused with
+``--resume``, ``--shard`` and the Dask options. ``pairwise-rmsd`` is one matrix over the frames of all
+inputs: the engine parses the inputs (``-j``, ``--keep-going``: a failing input is left out of the
+matrix), the matrix is written atomically (``.zarr``: into a temporary store that is then renamed),
+then ``OUT.manifest.jsonl`` records each input's sha256, status and first row in the matrix.
+
+Both plots are drawn by :mod:`protgpu.plotting`.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 from ..errors import InputError
+from ._batch_options import add_batch_options, job_device, report_failures, run_job
 from ._inputs import expand_inputs
-from ._progress import progress
 
-_RMSD_OUT = (".npy", ".npz", ".csv")
+_RMSD_OUT = (".npy", ".npz", ".csv", ".jsonl", ".parquet")
 _PAIR_OUT = (".npy", ".npz", ".zarr")
 
 
@@ -37,7 +49,10 @@ def register(sub, common) -> None:
     p.add_argument("--top", "-t", help="topology file for trajectory inputs (PDB, mmCIF, ...)")
     p.add_argument("--superpose-out", metavar="FILE",
                    help="write every input frame moved onto the reference (.pdb, .xtc, .dcd, ...)")
-    p.epilog = "--out: .npy (the RMSD vector), .npz (rmsd, input, frame) or .csv"
+    p.add_argument("--plot", metavar="PNG", help="draw RMSD against frame as a line plot (.png, needs matplotlib)")
+    add_batch_options(p)
+    p.epilog = ("--out: .csv, .jsonl or .parquet (rows input, frame, rmsd_angstrom; journaled, resumable), "
+                ".npy (the RMSD vector) or .npz (rmsd, input, frame), written in one piece at the end")
     p.set_defaults(func=run_rmsd)
 
     q = sub.add_parser("pairwise-rmsd", parents=common,
@@ -47,9 +62,17 @@ def register(sub, common) -> None:
                    help="dtype of the GEMM of 3x3 blocks (default float64, exact to ~1e-6 Angstrom)")
     q.add_argument("--condensed", action="store_true",
                    help="store the condensed vector of pairs i < j (SciPy's squareform layout)")
-    q.add_argument("--plot", metavar="PNG", help="draw the matrix as a heat map (needs matplotlib)")
+    q.add_argument("--plot", metavar="PNG", help="draw the matrix as a heat map (.png, needs matplotlib)")
+    g = q.add_argument_group("batch options")
+    g.add_argument("--keep-going", "-k", action="store_true",
+                   help="leave inputs that cannot be read (or have other atoms) out of the matrix, list them in "
+                        "OUT.errors.tsv, exit 1")
+    g.add_argument("--jobs", "-j", type=int, metavar="N", help="parse worker processes (default: CPU count, at most 8)")
+    g.add_argument("--gpus", metavar="all|N",
+                   help="spread the matrix's tiles over the first N GPUs of this host (or all), one host thread "
+                        "per GPU; needs a host result (--out .npy/.zarr/.npz, or none)")
     q.epilog = ("--out: .npy (streamed to disk tile by tile), .npz (matrix + frame labels) or .zarr "
-                "(needs zarr)")
+                "(streamed into a Zarr v3 store, needs zarr); OUT.manifest.jsonl records every input's sha256")
     q.set_defaults(func=run_pairwise)
 
 
@@ -62,28 +85,44 @@ def _check_suffix(path: str | None, allowed: tuple[str, ...], option: str) -> No
         raise InputError(f"{option} {path}: use a file name ending in {', '.join(allowed)}")
 
 
-def _load_all(paths, top, select, quiet, what):
-    """Load every input, apply ``select`` to each, and check that all have the same atom count.
-    Returns the Structures and per-frame labels (input path, frame)."""
-    from ..io import load
+def _load_coords(args, paths):
+    """Every input's coordinates after ``--select``, parsed by the batch engine (worker processes,
+    ``--keep-going``). An input whose atom count differs from the first readable input's fails like an
+    unreadable one. Returns the coordinate arrays of the inputs kept, in input order, and one manifest
+    entry per input (:func:`protgpu.jobs.write_run_record`)."""
+    from .. import batch
+    from ..jobs import CoordinatesJob
 
-    structures, labels_in, labels_fr = [], [], []
-    n_atoms = None
-    first = None
-    for path in progress(paths, description=what, quiet=quiet):
-        s = load(path, top=top)
-        if select:
-            s = s.select(select)
-        if n_atoms is None:
-            n_atoms, first = s.n_atoms, path
-        elif s.n_atoms != n_atoms:
-            sel = f" after --select {select!r}" if select else ""
-            raise InputError(f"{path}: {s.n_atoms} atoms{sel}, but {first} has {n_atoms}; inputs must have "
-                             "the same atoms")
-        structures.append(s)
-        labels_in.extend([path] * s.n_frames)
-        labels_fr.extend(range(s.n_frames))
-    return structures, np.array(labels_in), np.array(labels_fr, dtype=np.int64)
+    if args.jobs is not None and args.jobs < 1:
+        raise InputError(f"--jobs {args.jobs}: need at least 1")
+    got: dict = {}
+
+    def note(msg: str) -> None:
+        print(f"protgpu pairwise-rmsd: {msg}", file=sys.stderr)
+
+    batch.run(paths, CoordinatesJob(select=args.select, top=args.top), keep_going=args.keep_going, jobs=args.jobs,
+              progress=not args.quiet, quiet=args.quiet, description="loading", log=None if args.quiet else note,
+              on_result=lambda r: got.__setitem__(r.index, r))
+    coords, entries, first, row = [], [], None, 0
+    for i in sorted(got):
+        r = got[i]
+        entry = {"input": r.input, "sha256": r.sha256}
+        x = r.arrays.get("") if r.ok else None
+        if x is not None and first is not None and x.shape[1] != first[1]:
+            sel = f" after --select {args.select!r}" if args.select else ""
+            why = f"{x.shape[1]} atoms{sel}, but {first[0]} has {first[1]}; inputs must have the same atoms"
+            if not args.keep_going:
+                raise InputError(f"{r.input}: {why}")
+            x, r.error = None, why
+        if x is None:
+            entries.append({**entry, "status": "failed", "error": r.error})
+            continue
+        if first is None:
+            first = (r.input, x.shape[1])
+        entries.append({**entry, "status": "ok", "rows": [{"frames": int(x.shape[0]), "first_row": row}]})
+        coords.append(x)
+        row += x.shape[0]
+    return coords, entries
 
 
 def _mdtraj_topology(atoms):
@@ -134,130 +173,173 @@ def _write_structures(path: str, structures, coords_list) -> None:
 # rmsd
 
 
+def _without_out(args):
+    """``args`` with no ``--out``: the engine then journals nothing and hands every row back."""
+    import argparse
+
+    return argparse.Namespace(**{**vars(args), "out": None})
+
+
 def run_rmsd(args) -> int:
-    from .._array import dispatch
+    from dataclasses import replace
+    from pathlib import Path
+
+    from ..batch import TABLE_SUFFIXES, parse_shard, shard_path
     from ..io import load, save_array
-    from ..superpose import rmsd, superpose
+    from ..jobs import RmsdJob, write_run_record
 
     _check_suffix(args.out, _RMSD_OUT, "--out")
+    if args.plot:
+        from ..plotting import require_png
+
+        require_png(args.plot)
+    table = bool(args.out) and args.out.lower().endswith(TABLE_SUFFIXES)
+    if args.resume and not table:
+        what = f"; {args.out} is written in one piece at the end" if args.out else ""
+        raise InputError(f"--resume needs a table --out (.csv, .jsonl or .parquet){what}")
+    on_dask = any(getattr(args, k, None) is not None for k in ("scheduler", "workers", "gpus"))
+    if args.superpose_out and (args.resume or args.shard or on_dask):
+        raise InputError(f"--superpose-out {args.superpose_out}: needs every frame in this process; leave out "
+                         "--resume, --shard and --scheduler/--workers/--gpus")
+    if args.out and args.out.lower().endswith(".parquet"):
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:  # say so before computing anything
+            raise InputError(f"--out {args.out}: writing parquet needs pyarrow (pip install pyarrow); "
+                             "or use .csv / .jsonl") from None
     paths = expand_inputs(args.inputs)
-    device = dispatch(device=args.device).device
+    device, runs_on = job_device(args)
     ref = load(args.ref, top=args.top)
     if not -ref.n_frames <= args.ref_frame < ref.n_frames:
         raise InputError(f"--ref-frame {args.ref_frame}: {args.ref} has {ref.n_frames} frame(s)")
     ref = ref.frames(args.ref_frame)
     fit = args.fit or args.select
     measure = args.select if args.fit else None
-    t0 = time.perf_counter()
-    values, labels_in, labels_fr, structures, aligned = [], [], [], [], []
-    for path in progress(paths, description="rmsd", quiet=args.quiet):
-        s = load(path, top=args.top)
-        if args.superpose_out:
-            res = superpose(s, ref, fit=fit, atoms=measure, device=device)
-            r = res.rmsd
-            structures.append(s)
-            aligned.append(res.coords)
-        else:
-            r = rmsd(s, ref, fit=fit, atoms=measure, device=device)
-        values.append(np.asarray(r))
-        labels_in.extend([path] * s.n_frames)
-        labels_fr.extend(range(s.n_frames))
-    r = np.concatenate(values)
-    frames = np.array(labels_fr, dtype=np.int64)
+    job = RmsdJob(ref, reference_name=args.ref, fit=fit, atoms=measure, top=args.top, ref_frame=args.ref_frame,
+                  keep_aligned=bool(args.superpose_out), device=device)
+    outcomes: dict = {}  # index -> InputResult, for the record of a one-piece output
+    summary = run_job(args if table else _without_out(args), job, paths, description="rmsd",
+                      on_result=lambda r: outcomes.__setitem__(r.index, r))
+    rows = summary.rows
+    by_input: dict[str, list] = {}
+    for row in rows:
+        v = row["rmsd_angstrom"]
+        by_input.setdefault(row["input"], []).append(np.nan if v is None else v)
+    ok_paths = list(by_input)
+    values = [np.array(v, dtype=np.float64) for v in by_input.values()]
+    r = np.concatenate(values) if values else np.empty(0)
     if args.superpose_out:
-        _write_structures(args.superpose_out, structures, aligned)
-    if args.out:
-        low = args.out.lower()
-        if low.endswith(".npy"):
-            save_array(args.out, r)
-        elif low.endswith(".npz"):
-            save_array(args.out, {"rmsd": r, "input": np.array(labels_in), "frame": frames})
+        kept = [job.aligned[p] for p in ok_paths if p in job.aligned]
+        if kept:
+            _write_structures(args.superpose_out, [s for s, _ in kept], [c for _, c in kept])
+    if args.out and not table:
+        dest = str(shard_path(args.out, *parse_shard(args.shard))) if args.shard else args.out
+        if dest.lower().endswith(".npy"):
+            save_array(dest, r)
         else:
-            from ..io import write_atomic
-
-            def write_csv(tmp):
-                with open(tmp, "w") as fh:
-                    fh.write("input,frame,rmsd_angstrom\n")
-                    for p, f, v in zip(labels_in, frames, r, strict=True):
-                        fh.write(f"{p},{f},{v:.6f}\n")
-
-            write_atomic(args.out, write_csv)
-    elif not args.quiet:
-        for p, f, v in zip(labels_in, frames, r, strict=True):
-            print(f"{p}\t{f}\t{v:.4f}")
+            save_array(dest, {"rmsd": r, "input": np.array([row["input"] for row in rows], dtype=str),
+                              "frame": np.array([row["frame"] for row in rows], dtype=np.int64)})
+        entries = [{"input": x.input, "sha256": x.sha256, "status": x.status, "error": x.error, "rows": x.rows}
+                   for _, x in sorted(outcomes.items())]
+        manifest, errors = write_run_record(dest, job.name, job.options(), entries)
+        summary = replace(summary, out=Path(dest), manifest=manifest, errors=errors)
+    elif not args.out and not args.quiet:
+        for row, v in zip(rows, r.tolist(), strict=True):
+            print(f"{row['input']}\t{row['frame']}\t{v:.4f}")
+    if args.plot and values:
+        _plot_rmsd(args, ok_paths, values)
     if not args.quiet:
-        dt = time.perf_counter() - t0
-        where = f" to {args.out}" if args.out else ""
-        print(f"{len(r)} frame(s) of {len(paths)} input(s) vs {args.ref} frame {args.ref_frame}: mean RMSD "
-              f"{r.mean():.3f} A, max {r.max():.3f} A, on the {device.upper()} in {dt:.2f} s{where}",
-              file=sys.stderr)
-    return 0
+        where = f" to {summary.out}" if summary.out else ""
+        where += f", plot {args.plot}" if args.plot and values else ""
+        resumed = f" ({summary.n_resumed} resumed)" if summary.n_resumed else ""
+        stats = f": mean RMSD {np.nanmean(r):.3f} A, max {np.nanmax(r):.3f} A," if r.size else ""
+        print(f"{len(r)} frame(s) of {summary.n_ok} input(s){resumed} vs {args.ref} frame {args.ref_frame}{stats} "
+              f"on the {runs_on} in {summary.elapsed_s:.2f} s{where}", file=sys.stderr)
+    report_failures(summary, "rmsd")
+    return summary.exit_code
+
+
+def _plot_rmsd(args, paths, values) -> None:
+    """RMSD to the reference against frame: one line per input, or one line across the inputs when
+    each holds a single frame (a folder of models)."""
+    from ..plotting import line_plot
+
+    names = [os.path.basename(p) for p in paths]
+    ref = f"{os.path.basename(args.ref)} frame {args.ref_frame}"
+    fit, measure = args.fit or args.select, args.select if args.fit else None
+    atoms = (f"; fit {fit}" if fit else "") + (f", measured {measure}" if measure else "")
+    ylabel = "RMSD (Å)"
+    if len(values) > 1 and all(len(v) == 1 for v in values):
+        r = np.concatenate(values)
+        line_plot(r, args.plot, xticklabels=names, lines=False, xlabel="input", ylabel=ylabel,
+                  title=f"RMSD of {len(r)} inputs to {ref}{atoms}")
+        return
+    longest = max(len(v) for v in values)
+    series = np.full((len(values), longest), np.nan)  # NaN-padded: inputs may have different lengths
+    for i, v in enumerate(values):
+        series[i, : len(v)] = v
+    title = f"RMSD of {names[0]} to {ref}{atoms}" if len(values) == 1 else f"RMSD to {ref}{atoms}"
+    line_plot(series, args.plot, names=names, xlabel="frame index", ylabel=ylabel, title=title)
 
 
 # --------------------------------------------------------------------------------------------------
 # pairwise-rmsd
 
 
-def _plot(path: str, matrix, labels_note: str) -> None:
-    """Heat map of the RMSD matrix (rows/columns = frames), Agg backend, atomically written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..io import atomic_path
+def _plot_pairwise(path: str, matrix, labels_note: str) -> None:
+    """Heat map of the RMSD matrix (rows and columns: frames in input order)."""
+    from ..plotting import heatmap
 
     m = np.asarray(matrix)
-    step = max(1, int(np.ceil(m.shape[0] / 2000)))  # a screen has no more pixels than this
-    shown = m[::step, ::step]
-    fig, ax = plt.subplots(figsize=(6.4, 5.4), dpi=150)
-    im = ax.imshow(shown, cmap="viridis", interpolation="nearest", origin="upper",
-                   extent=(-0.5, m.shape[1] - 0.5, m.shape[0] - 0.5, -0.5))
-    ax.set_xlabel("frame")
-    ax.set_ylabel("frame")
-    ax.set_title(f"pairwise RMSD ({labels_note})", fontsize=9)
-    cb = fig.colorbar(im, ax=ax)
-    cb.set_label("RMSD (Å)")
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    # Every step-th frame past 2000 per side: a figure has no more pixels than that, and the ticks
+    # keep the true frame indices.
+    step = max(1, int(np.ceil(m.shape[0] / 2000)))
+    index = np.arange(0, m.shape[0], step)
+    heatmap(m[::step, ::step], path, xlabels=index, ylabels=index, title=f"pairwise RMSD ({labels_note})",
+            xlabel="frame index", ylabel="frame index", cbar_label="RMSD (Å)", vmin=0.0, max_ticks=12)
 
 
-def _require_zarr(dest: str):
+def _gpus(args):
+    """``--gpus`` as pairwise_rmsd's ``devices=``: None (the current GPU), "all", or a count."""
+    value = getattr(args, "gpus", None)
+    if value is None or value == "all":
+        return value
     try:
-        import zarr
-    except ImportError:
-        raise InputError(f"--out {dest}: writing .zarr needs the zarr package (pip install zarr)") from None
-    return zarr
-
-
-def _zarr_array(path: str, shape, dtype):
-    import zarr
-    chunks = (min(shape[0], 4096),) if len(shape) == 1 else (min(shape[0], 1024), min(shape[1], 1024))
-    return zarr.open(path, mode="w", shape=shape, chunks=chunks, dtype=dtype)
+        n = int(value)
+    except ValueError:
+        raise InputError(f"--gpus {value!r}: use all or a number") from None
+    if n < 1:
+        raise InputError(f"--gpus {value}: use all or a number >= 1")
+    return n
 
 
 def run_pairwise(args) -> int:
     from .._array import dispatch
     from ..io import save_array
+    from ..jobs import atomic_store, remove_stale_stores, require_zarr, write_run_record
     from ..superpose import pairwise_rmsd
 
     _check_suffix(args.out, _PAIR_OUT, "--out")
     low_out = (args.out or "").lower().rstrip("/")
     if args.plot:
-        if not args.plot.lower().endswith(".png"):
-            raise InputError(f"--plot {args.plot}: use a .png file name")
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise InputError("--plot needs matplotlib: pip install matplotlib") from None
-    if low_out.endswith(".zarr"):
-        _require_zarr(args.out)
+        from ..plotting import require_png
+
+        require_png(args.plot)
+    zarr = require_zarr(args.out) if low_out.endswith(".zarr") else None
     paths = expand_inputs(args.inputs)
     device = dispatch(device=args.device).device
-    structures, labels_in, frames = _load_all(paths, args.top, args.select, args.quiet, "loading")
-    coords = np.concatenate([s.coords for s in structures]) if len(structures) > 1 else structures[0].coords
+    parts, entries = _load_coords(args, paths)
+    failed = sum(e["status"] != "ok" for e in entries)
+    if not parts:  # --keep-going and nothing readable: say why in the errors file, make no matrix
+        if args.out:
+            write_run_record(args.out, "pairwise-rmsd", _pairwise_options(args), entries)
+        raise InputError(f"none of the {len(entries)} input(s) could be used" +
+                         (f"; see {args.out}.errors.tsv" if args.out else ""))
+    labels_in = np.array([e["input"] for e in entries if e["status"] == "ok" for _ in range(e["rows"][0]["frames"])],
+                         dtype=str)
+    frames = np.concatenate([np.arange(x.shape[0], dtype=np.int64) for x in parts])
+    coords = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    del parts
     n = coords.shape[0]
     shape = (n * (n - 1) // 2,) if args.condensed else (n, n)
     t0 = time.perf_counter()
@@ -265,38 +347,35 @@ def run_pairwise(args) -> int:
     result = None
     if low.endswith(".npy"):
         # Stream tile by tile into a memory-mapped .npy beside the destination, then rename it.
-        dest = args.out
-        directory = os.path.dirname(os.path.abspath(dest))
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(dest)}.", suffix=".tmp.npy")
-        os.close(fd)
-        try:
+        from ..io import atomic_path
+
+        with atomic_path(args.out) as tmp:
             mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
-            pairwise_rmsd(coords, out=mm, precision=args.precision, condensed=args.condensed, device=device)
+            pairwise_rmsd(coords, out=mm, precision=args.precision, condensed=args.condensed, device=device,
+                          devices=_gpus(args))
             mm.flush()
-            result = mm
-            os.replace(tmp, dest)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+            del mm
+        result = np.load(args.out, mmap_mode="r")
     elif low.endswith(".zarr"):
+        # Streamed tile by tile into a store in a temporary folder, which then takes the name.
         dest = args.out.rstrip("/")
-        tmp = f"{dest}.tmp{os.getpid()}"
-        z = _zarr_array(tmp, shape, np.float32)
-        try:
-            pairwise_rmsd(coords, out=z, precision=args.precision, condensed=args.condensed, device=device)
-            if os.path.isdir(dest):
-                shutil.rmtree(dest)
-            os.replace(tmp, dest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        result = z
+        remove_stale_stores(dest)
+        rows = min(shape[0], max(1, (1 << 22) // (4 * (shape[1] if len(shape) > 1 else 1))))  # ~4 MiB chunks
+        with atomic_store(dest) as tmp:
+            z = zarr.open_array(tmp, mode="w", shape=shape, chunks=(rows, *shape[1:]), dtype=np.float32)
+            z.attrs.update({"units": "angstrom", "condensed": bool(args.condensed),
+                            "inputs": [e["input"] for e in entries if e["status"] == "ok"],
+                            "frames": [e["rows"][0]["frames"] for e in entries if e["status"] == "ok"]})
+            pairwise_rmsd(coords, out=z, precision=args.precision, condensed=args.condensed, device=device,
+                          devices=_gpus(args))
+        result = zarr.open_array(dest, mode="r")
     else:
-        result = pairwise_rmsd(coords, precision=args.precision, condensed=args.condensed, device=device)
+        result = pairwise_rmsd(coords, precision=args.precision, condensed=args.condensed, device=device,
+                               devices=_gpus(args))
         if low.endswith(".npz"):
             save_array(args.out, {"rmsd": result, "input": labels_in, "frame": frames})
     dt = time.perf_counter() - t0
+    errors = write_run_record(args.out, "pairwise-rmsd", _pairwise_options(args), entries)[1] if args.out else None
     if args.plot:
         mat = np.asarray(result[:])
         if args.condensed:
@@ -304,13 +383,25 @@ def run_pairwise(args) -> int:
 
             mat = squareform(mat, checks=False)
         sel = f"{args.select}, " if args.select else ""
-        _plot(args.plot, mat, f"{sel}{n} frames")
+        _plot_pairwise(args.plot, mat, f"{sel}{n} frames")
     if not args.quiet:
-        sample = np.asarray(result[: min(len(result), 2048)])
+        sample = np.asarray(result[: min(result.shape[0], 2048)])  # a zarr array has no len()
         vals = sample if args.condensed else sample[np.triu_indices(sample.shape[0], 1, sample.shape[1])]
         summary = (f"; off-diagonal RMSD (first rows) {vals.min():.3f}..{vals.max():.3f} A, mean {vals.mean():.3f}"
                    if vals.size else "")
         where = f" to {args.out}" if args.out else ""
         print(f"{n} frames x {coords.shape[1]} atoms -> {'condensed ' if args.condensed else ''}{shape} float32 "
               f"on the {device.upper()} in {dt:.2f} s{where}{summary}")
+    if failed:
+        if errors is not None:
+            print(f"protgpu pairwise-rmsd: {failed} input(s) left out; see {errors}", file=sys.stderr)
+        else:
+            for e in entries:
+                if e["status"] != "ok":
+                    print(f"protgpu pairwise-rmsd: {e['input']}: {e['error']} (left out)", file=sys.stderr)
+        return 1
     return 0
+
+
+def _pairwise_options(args) -> dict:
+    return {"select": args.select, "top": args.top, "precision": args.precision, "condensed": bool(args.condensed)}

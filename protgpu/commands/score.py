@@ -97,17 +97,26 @@ def run_consensus(args) -> int:
     return 0
 
 
-def run(args) -> int:
+def score_job(args, device: str):
+    """The :class:`protgpu.batch.ScoreJob` that ``protgpu score`` runs for parsed ``args`` (the batch
+    benchmark runs exactly this job)."""
     from ..batch import ScoreJob
 
+    return ScoreJob(args.ref, metrics=_metrics(args.metrics), mapping=args.mapping,
+                    normalize_by=_normalize_by(args.normalize_by), lddt_atoms=args.lddt_atoms,
+                    symmetry=not args.no_symmetry, per_residue=args.per_residue, keep_per_residue=bool(args.plot),
+                    select=args.select, top=args.top, device=device)
+
+
+def run(args) -> int:
     if args.consensus:
         return run_consensus(args)
     if not args.ref:
         raise InputError("--ref is required (or --consensus to rank models against each other)")
     if args.temperature is not None:
         raise InputError("--temperature only applies with --consensus")
-    metrics = _metrics(args.metrics)
-    norm = _normalize_by(args.normalize_by)
+    _metrics(args.metrics)  # option errors first, before any file is touched
+    _normalize_by(args.normalize_by)
     if args.out and not args.out.lower().endswith(_OUT_SUFFIXES):
         raise InputError(f"--out {args.out}: use a .csv, .jsonl or .parquet file name")
     if args.out and args.out.lower().endswith(".parquet"):
@@ -116,13 +125,13 @@ def run(args) -> int:
         except ImportError:  # say so before scoring anything
             raise InputError(f"--out {args.out}: writing parquet needs pyarrow (pip install pyarrow); "
                              "or use .csv / .jsonl") from None
-    if args.plot and not args.plot.lower().endswith(".png"):
-        raise InputError(f"--plot {args.plot}: use a .png file name")
+    if args.plot:
+        from ..plotting import require_png
+
+        require_png(args.plot)  # before any model is scored
     device, where = job_device(args)
     paths = expand_inputs(args.inputs)
-    job = ScoreJob(args.ref, metrics=metrics, mapping=args.mapping, normalize_by=norm, lddt_atoms=args.lddt_atoms,
-                   symmetry=not args.no_symmetry, per_residue=args.per_residue, keep_per_residue=bool(args.plot),
-                   select=args.select, top=args.top, device=device)
+    job = score_job(args, device)
     summary = run_job(args, job, paths, description="score")
     rows = summary.rows
     if not args.out:
@@ -131,13 +140,13 @@ def run(args) -> int:
         for r in rows:
             print("\t".join(_fmt(r.get(c)) for c in shown))
     if args.plot and rows:
-        from ..scoring._plot import plot_lddt_per_residue
+        from ..plotting import per_residue_plot
 
         labels = job.residue_labels
         per = np.array([[np.nan if r.get(f"lddt:{lab}") is None else r[f"lddt:{lab}"] for lab in labels]
                         for r in rows], dtype=np.float64)
-        plot_lddt_per_residue(per, args.plot, labels=labels, names=[r["model"] for r in rows],
-                              title=f"per-residue lDDT vs {os.path.basename(args.ref)}")
+        per_residue_plot(per, args.plot, labels=labels, names=[r["model"] for r in rows],
+                         title=f"per-residue lDDT vs {os.path.basename(args.ref)}")
     if not args.quiet:
         dest = f" -> {summary.out}" if summary.out else ""
         resumed = f" ({summary.n_resumed} resumed)" if summary.n_resumed else ""

@@ -5,11 +5,23 @@
 numbering). Models that share a topology (the frames of one Structure, or an array given with a
 reference Structure of the same atom count) are matched once and gathered together, on the device
 when the coordinates are already there.
+
+A model may also come *prepared* (:class:`PreparedModel`, made by :func:`prepare_model`): matched to
+the reference in advance, typically in a parse worker of the batch engine, holding only the arrays the
+scores read. Batches of prepared models are stacked without any matching and give the numbers the
+Structures they came from give.
+
+On the GPU path, host batches are built in reused page-locked (pinned) buffers (:func:`host_buffer`)
+and copied to the device with one DMA each (:func:`to_work`); ``timers`` adds up the copy time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import math
+import threading
+import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,6 +46,7 @@ class ModelGroup:
     coords: object
     topology: Structure | None
     names: list
+    prepared: PreparedModel | None = None
 
 
 def _array_group(a, name: str) -> ModelGroup:
@@ -59,6 +72,8 @@ def collect_models(models, reference_topology: Structure | None) -> tuple[list[M
     A bare array whose atom count equals the reference Structure's takes the reference's topology.
     """
     def one(item, fallback):
+        if isinstance(item, PreparedModel):
+            return ModelGroup(coords=item.ca, topology=None, names=list(item.names), prepared=item)
         if mp.is_array(item):
             g = _array_group(item, fallback)
             if reference_topology is not None:
@@ -131,6 +146,11 @@ class TMBatch:
 
 def tm_batch(models, reference, mapping, be, dtype) -> tuple[TMBatch, bool]:
     """Build the :class:`TMBatch` for :func:`protgpu.scoring.tm_score` on backend ``be``."""
+    with _stacking():
+        return _tm_batch(models, reference, mapping, be, dtype)
+
+
+def _tm_batch(models, reference, mapping, be, dtype) -> tuple[TMBatch, bool]:
     xp = be.xp
     ref_s, ref_arr = reference_of(reference)
     groups, single = collect_models(models, ref_s)
@@ -139,8 +159,7 @@ def tm_batch(models, reference, mapping, be, dtype) -> tuple[TMBatch, bool]:
         n_ref = int(y_all.shape[0])
         xs, names, n_ali, n_model = [], [], [], []
         for g in groups:
-            if g.topology is not None:
-                raise InputError(f"{g.names[0]}: the reference is a bare array, so the models must be arrays too")
+            _check_bare(g)
             c = be.asarray(g.coords, dtype)
             k = min(int(c.shape[1]), n_ref)
             if k < 3:
@@ -163,24 +182,17 @@ def tm_batch(models, reference, mapping, be, dtype) -> tuple[TMBatch, bool]:
                        np.zeros(len(names), np.int64)), single
 
     ref_info = mp.residue_info(ref_s)
-    ref_ca_atoms = ref_info.ca_atom[mp.reference_ca(ref_info)]
+    ref_ca_atoms = reference_ca_atoms(ref_s, ref_info)
     n_ref = len(ref_ca_atoms)
-    if n_ref < 3:
-        raise InputError(f"{mp.source_name(ref_s, 'reference')}: the reference has {n_ref} residues with a CA atom; "
-                         "TM-score needs at least 3")
     y_ref = ref_s.coords[0, ref_ca_atoms]
     matches = []
     for gi, g in enumerate(groups):
         explicit = group_mapping(mapping, len(groups), gi)
+        if g.prepared is not None:
+            matches.append(_prepared_ca(g.prepared, ref_info, explicit))
+            continue
         info = ref_info if g.topology is ref_s else mp.residue_info(g.topology)
-        cm = mp.match_ca(info, ref_info, explicit, g.names[0])
-        if len(cm.ref_pos) == 0:
-            raise InputError(f"{g.names[0]}: no residue in common with the reference "
-                             f"({mp.source_name(ref_s, 'reference')}; mapping={_mapping_name(mapping)})")
-        if len(cm.ref_pos) < 3:
-            raise InputError(f"{g.names[0]}: only {len(cm.ref_pos)} residue(s) with a CA in common with the "
-                             "reference; TM-score needs at least 3")
-        matches.append(cm)
+        matches.append(checked_ca_match(info, ref_info, explicit, g.names[0], ref_s))
     lmax = max(len(cm.ref_pos) for cm in matches)
     m_total = sum(len(g.names) for g in groups)
     shared_y = all(np.array_equal(cm.ref_pos, matches[0].ref_pos) for cm in matches)
@@ -190,17 +202,20 @@ def tm_batch(models, reference, mapping, be, dtype) -> tuple[TMBatch, bool]:
         x = xp.ascontiguousarray(c[:, xp.asarray(matches[0].model_atoms)])
     else:
         host = all(not mp.is_array(g.coords) or isinstance(g.coords, np.ndarray) for g in groups)
-        x = np.zeros((m_total, lmax, 3), dtype=dtype) if host else xp.zeros((m_total, lmax, 3), dtype=dtype)
+        x = host_buffer((m_total, lmax, 3), dtype, 0, be, "tm_x") if host else xp.zeros((m_total, lmax, 3), dtype)
         row = 0
         for g, cm in zip(groups, matches, strict=True):
             f = len(g.names)
-            if host:
-                x[row:row + f, :len(cm.model_atoms)] = np.asarray(g.coords)[:, cm.model_atoms]
+            k = len(cm.model_atoms)
+            if g.prepared is not None:  # already the matched CAs, in reference order
+                x[row:row + f, :k] = g.coords if host else be.asarray(g.coords, dtype)
+            elif host:
+                x[row:row + f, :k] = np.asarray(g.coords)[:, cm.model_atoms]
             else:
                 c = be.asarray(g.coords, dtype)
-                x[row:row + f, :len(cm.model_atoms)] = c[:, xp.asarray(cm.model_atoms)]
+                x[row:row + f, :k] = c[:, xp.asarray(cm.model_atoms)]
             row += f
-        x = be.asarray(x, dtype)
+        x = to_work(x, be, dtype) if host else be.asarray(x, dtype)
     for g, cm in zip(groups, matches, strict=True):
         f = len(g.names)
         names += g.names
@@ -208,16 +223,57 @@ def tm_batch(models, reference, mapping, be, dtype) -> tuple[TMBatch, bool]:
         n_model += [cm.n_model] * f
         n_skipped += [cm.n_skipped] * f
     if shared_y:
-        y = np.zeros((1, lmax, 3), dtype=dtype)
+        y = host_buffer((1, lmax, 3), dtype, 0, be, "tm_y")
         y[0, :len(matches[0].ref_pos)] = y_ref[matches[0].ref_pos]
     else:
-        y = np.zeros((m_total, lmax, 3), dtype=dtype)
+        y = host_buffer((m_total, lmax, 3), dtype, 0, be, "tm_y")
         row = 0
         for g, cm in zip(groups, matches, strict=True):
             y[row:row + len(g.names), :len(cm.ref_pos)] = y_ref[cm.ref_pos]
             row += len(g.names)
-    return TMBatch(names, x, be.asarray(y, dtype), np.asarray(n_ali, np.int64), np.asarray(n_model, np.int64),
+    return TMBatch(names, x, to_work(y, be, dtype), np.asarray(n_ali, np.int64), np.asarray(n_model, np.int64),
                    n_ref, np.asarray(n_skipped, np.int64)), single
+
+
+def reference_ca_atoms(ref_s: Structure, ref_info) -> np.ndarray:
+    """Atom indices of the reference CAs that count for TM-score; fewer than 3 is an error."""
+    ref_ca_atoms = ref_info.ca_atom[mp.reference_ca(ref_info)]
+    n_ref = len(ref_ca_atoms)
+    if n_ref < 3:
+        raise InputError(f"{mp.source_name(ref_s, 'reference')}: the reference has {n_ref} residues with a CA atom; "
+                         "TM-score needs at least 3")
+    return ref_ca_atoms
+
+
+def checked_ca_match(info, ref_info, mapping, name: str, ref_s: Structure) -> mp.CAMatch:
+    """:func:`~protgpu.scoring._mapping.match_ca`, with an error naming ``name`` when fewer than 3
+    CA pairs are in common (TM-score needs 3)."""
+    cm = mp.match_ca(info, ref_info, mapping, name)
+    if len(cm.ref_pos) == 0:
+        raise InputError(f"{name}: no residue in common with the reference "
+                         f"({mp.source_name(ref_s, 'reference')}; mapping={_mapping_name(mapping)})")
+    if len(cm.ref_pos) < 3:
+        raise InputError(f"{name}: only {len(cm.ref_pos)} residue(s) with a CA in common with the "
+                         "reference; TM-score needs at least 3")
+    return cm
+
+
+def _check_bare(g: ModelGroup) -> None:
+    if g.prepared is not None:
+        raise InputError(f"{g.names[0]}: prepared against a reference Structure; score it against that Structure, "
+                         "not a bare array")
+    if g.topology is not None:
+        raise InputError(f"{g.names[0]}: the reference is a bare array, so the models must be arrays too")
+
+
+def _prepared_ca(pm: PreparedModel, ref_info, mapping) -> mp.CAMatch:
+    """The CA match a prepared model carries, after checking it was made for this reference."""
+    pm.check(ref_info.key, mapping)
+    if pm.ca is None:
+        raise InputError(f"{pm.names[0]}: prepared without the TM-score arrays (prepare_model(..., tm=True))")
+    k = pm.ca.shape[1]
+    return mp.CAMatch(model_atoms=np.arange(k, dtype=np.int64), ref_pos=pm.ca_ref_pos, n_model=pm.n_model,
+                      n_skipped=pm.n_skipped)
 
 
 def work_dtype(models, reference) -> np.dtype:
@@ -277,6 +333,11 @@ class AtomBatch:
 
 def atom_batch(groups, ref_s: Structure | None, ref_info, ref_atoms: np.ndarray, mapping, be, dtype) -> AtomBatch:
     """Gather every model's atoms into the reference's scored-atom order (see :class:`AtomBatch`)."""
+    with _stacking():
+        return _atom_batch(groups, ref_s, ref_info, ref_atoms, mapping, be, dtype)
+
+
+def _atom_batch(groups, ref_s, ref_info, ref_atoms, mapping, be, dtype) -> AtomBatch:
     xp = be.xp
     n = len(ref_atoms)
     m_total = sum(len(g.names) for g in groups)
@@ -285,8 +346,7 @@ def atom_batch(groups, ref_s: Structure | None, ref_info, ref_atoms: np.ndarray,
         # arrays matched by index
         parts = []
         for g in groups:
-            if g.topology is not None:
-                raise InputError(f"{g.names[0]}: the reference is a bare array, so the models must be arrays too")
+            _check_bare(g)
             c = be.asarray(g.coords, dtype)
             if c.shape[1] != n:
                 raise InputError(f"{g.names[0]}: arrays are matched by index; the model has {c.shape[1]} atoms, "
@@ -295,20 +355,24 @@ def atom_batch(groups, ref_s: Structure | None, ref_info, ref_atoms: np.ndarray,
             names += g.names
         coords = parts[0] if len(parts) == 1 else xp.concatenate(parts)
         return AtomBatch(names, xp.ascontiguousarray(coords))
-    host = all(isinstance(g.coords, np.ndarray) for g in groups)
+    host = all(isinstance(g.coords, np.ndarray) or g.prepared is not None for g in groups)
     if host:
-        out = np.full((m_total, n, 3), np.nan, dtype=dtype)
+        out = host_buffer((m_total, n, 3), dtype, np.nan, be, "atoms")
     else:
         out = xp.full((m_total, n, 3), xp.nan, dtype=dtype)
+    atoms_key = mp.array_key(np.asarray(ref_atoms)) if any(g.prepared is not None for g in groups) else b""
     row = 0
     for gi, g in enumerate(groups):
         f = len(g.names)
+        explicit = group_mapping(mapping, len(groups), gi)
+        if g.prepared is not None:
+            a = _prepared_atoms(g.prepared, ref_info, explicit, atoms_key, n)
+            out[row:row + f] = a if host else be.asarray(a, dtype)
+            names += g.names
+            row += f
+            continue
         info = ref_info if g.topology is ref_s else mp.residue_info(g.topology)
-        matoms, slots, _ = mp.match_atoms(info, ref_info, ref_atoms, group_mapping(mapping, len(groups), gi),
-                                          g.names[0])
-        if len(slots) == 0:
-            raise InputError(f"{g.names[0]}: no residue in common with the reference "
-                             f"({mp.source_name(ref_s, 'reference')}; mapping={_mapping_name(mapping)})")
+        matoms, slots = checked_atom_match(info, ref_info, ref_atoms, explicit, g.names[0], ref_s)
         if host:
             out[row:row + f, slots] = np.asarray(g.coords)[:, matoms]
         else:
@@ -316,4 +380,250 @@ def atom_batch(groups, ref_s: Structure | None, ref_info, ref_atoms: np.ndarray,
             out[row:row + f, xp.asarray(slots)] = c[:, xp.asarray(matoms)]
         names += g.names
         row += f
-    return AtomBatch(names, be.asarray(out, dtype))
+    return AtomBatch(names, to_work(out, be, dtype) if host else be.asarray(out, dtype))
+
+
+def checked_atom_match(info, ref_info, ref_atoms: np.ndarray, mapping, name: str, ref_s: Structure,
+                       atoms_key: bytes | None = None):
+    """:func:`~protgpu.scoring._mapping.match_atoms` (model atoms, slots), with an error naming ``name``
+    when no residue is in common."""
+    matoms, slots, _ = mp.match_atoms(info, ref_info, ref_atoms, mapping, name, atoms_key)
+    if len(slots) == 0:
+        raise InputError(f"{name}: no residue in common with the reference "
+                         f"({mp.source_name(ref_s, 'reference')}; mapping={_mapping_name(mapping)})")
+    return matoms, slots
+
+
+def _prepared_atoms(pm: PreparedModel, ref_info, mapping, atoms_key: bytes, n: int) -> np.ndarray:
+    """The lDDT layout a prepared model carries, after checking it was made for these atoms."""
+    pm.check(ref_info.key, mapping)
+    if pm.atoms is None or pm.atoms_key != atoms_key or pm.atoms.shape[1] != n:
+        raise InputError(f"{pm.names[0]}: prepared for other lDDT atoms of the reference (lddt_atoms differs, or "
+                         "prepared without lDDT)")
+    return pm.atoms
+
+
+# --------------------------------------------------------------------------------------------------
+# Models matched in advance (the batch engine's parse workers make these)
+
+
+@dataclass
+class PreparedModel:
+    """A model matched to a reference in advance, holding only the arrays TM-score and lDDT read.
+
+    Made by :func:`prepare_model` (in the batch engine: in the parse worker, so that the matching runs
+    in parallel and only these arrays cross back to the scoring process). :func:`protgpu.tm_score` and
+    :func:`protgpu.lddt` take it wherever they take a model Structure, against the same reference and
+    mapping, and give the same numbers.
+
+    Attributes
+    ----------
+    names : list of str, length F
+        Model names: the file name, or ``name[i]`` for frame i of a multi-frame file.
+    n_residues : int
+        Residues of the model (the batch engine groups models of similar size).
+    reference_key : bytes
+        :func:`~protgpu.scoring._mapping.topology_key` of the reference it was matched to.
+    mapping : {"resnum", "sequence"}
+    ca : np.ndarray of float32, shape (F, K, 3) or None
+        The model's CAs of the K matched residues, in reference order, Angstrom (None: no TM-score data).
+    ca_ref_pos : np.ndarray of int64, shape (K,) or None
+        Their positions in the reference's CA list.
+    n_model, n_skipped : int
+        Model residues with a CA; polymer residues without one (see :class:`TMBatch`).
+    atoms : np.ndarray of float32, shape (F, N, 3) or None
+        The model's coordinates on the reference's N scored lDDT atoms, NaN where it lacks the atom.
+    atoms_key : bytes
+        Digest of the reference atom indices ``atoms`` follows (which ``lddt_atoms`` it was made for).
+    timings : dict of str to float
+        Seconds spent preparing (``match_s``), for the batch engine's breakdown.
+    """
+
+    names: list
+    n_residues: int
+    reference_key: bytes
+    mapping: str
+    ca: np.ndarray | None = None
+    ca_ref_pos: np.ndarray | None = None
+    n_model: int = 0
+    n_skipped: int = 0
+    atoms: np.ndarray | None = None
+    atoms_key: bytes = b""
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def n_frames(self) -> int:
+        return len(self.names)
+
+    def check(self, reference_key: bytes, mapping) -> None:
+        """Raise :class:`InputError` unless prepared against this reference table and mapping."""
+        if self.reference_key != reference_key or self.mapping != mapping:
+            raise InputError(f"{self.names[0]}: prepared against another reference or mapping "
+                             f"(mapping={self.mapping}); prepare it again for this one")
+
+
+class PreparedReference:
+    """The reference side of :func:`prepare_model`, computed once and reused for every model.
+
+    Parameters
+    ----------
+    reference : Structure or path
+        One frame.
+    """
+
+    def __init__(self, reference):
+        ref_s, _ = reference_of(reference)
+        if ref_s is None:
+            raise InputError("reference: models are prepared against a reference Structure, not an array")
+        self.structure = ref_s
+        self.info = mp.residue_info(ref_s)
+        self._atoms: dict = {}
+
+    @property
+    def key(self) -> bytes:
+        return self.info.key
+
+    def scored_atoms(self, atoms: str) -> tuple[np.ndarray, bytes]:
+        """The reference atoms lDDT scores with ``atoms`` ("heavy" or "ca") and their digest."""
+        if atoms not in self._atoms:
+            idx = mp.lddt_reference_atoms(self.info, self.structure, atoms)
+            self._atoms[atoms] = (idx, mp.array_key(idx))
+        return self._atoms[atoms]
+
+
+def prepare_model(model, reference, *, mapping: str = "resnum", tm: bool = True,
+                  lddt_atoms: str | None = "heavy") -> PreparedModel:
+    """Match one model to the reference ahead of scoring (see :class:`PreparedModel`).
+
+    Parameters
+    ----------
+    model : Structure or path
+        Every frame is a model.
+    reference : PreparedReference, Structure or path
+        Pass a :class:`PreparedReference` when preparing many models.
+    mapping : {"resnum", "sequence"}
+    tm : bool
+        Keep the TM-score arrays (CA pairs).
+    lddt_atoms : {"heavy", "ca"} or None
+        Keep the lDDT arrays for these reference atoms (None: none).
+
+    Returns
+    -------
+    PreparedModel
+
+    Raises
+    ------
+    InputError
+        What :func:`protgpu.tm_score` / :func:`protgpu.lddt` would raise for this model, naming it: no
+        (or fewer than 3) residues in common, chains that cannot be paired, a reference without CAs.
+    """
+    t0 = time.perf_counter()
+    ref = reference if isinstance(reference, PreparedReference) else PreparedReference(reference)
+    if mapping not in ("resnum", "sequence"):
+        raise InputError(f"mapping must be 'resnum' or 'sequence' to prepare models, not {mapping!r}")
+    s = mp.as_structure(model, "model")
+    g = _structure_group(s, "model")
+    name = g.names[0]
+    info = mp.residue_info(s)
+    pm = PreparedModel(names=g.names, n_residues=s.n_residues, reference_key=ref.key, mapping=mapping)
+    # the checks (and their order) of tm_score, then lddt, so that a bad model fails with the same message
+    if tm:
+        reference_ca_atoms(ref.structure, ref.info)
+        cm = checked_ca_match(info, ref.info, mapping, name, ref.structure)
+        pm.ca = s.coords[:, cm.model_atoms]
+        pm.ca_ref_pos, pm.n_model, pm.n_skipped = cm.ref_pos, cm.n_model, cm.n_skipped
+    if lddt_atoms is not None:
+        ref_atoms, atoms_key = ref.scored_atoms(lddt_atoms)
+        if ref_atoms.size == 0:
+            raise InputError(f"{mp.source_name(ref.structure, 'reference')}: no atoms to score with "
+                             f"atoms={lddt_atoms!r}")
+        matoms, slots = checked_atom_match(info, ref.info, ref_atoms, mapping, name, ref.structure, atoms_key)
+        pm.atoms, pm.atoms_key = _laid_out(s.coords, matoms, slots, len(ref_atoms)), atoms_key
+    pm.timings["match_s"] = time.perf_counter() - t0
+    return pm
+
+
+def _laid_out(coords: np.ndarray, matoms: np.ndarray, slots: np.ndarray, n: int) -> np.ndarray:
+    """(F, n, 3) float32: ``coords[:, matoms]`` at ``slots``, NaN elsewhere - as one gather from the
+    coordinates with a NaN atom appended (scattering (x, y, z) rows by fancy index is ~5x slower)."""
+    f, n_atoms = coords.shape[:2]
+    src = np.full(n, n_atoms, dtype=np.intp)
+    src[slots] = matoms
+    ext = np.empty((f, n_atoms + 1, 3), dtype=np.float32)
+    ext[:, :n_atoms] = coords
+    ext[:, n_atoms] = np.nan
+    return np.take(ext, src, axis=1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Host staging for the GPU path
+
+#: Seconds spent building batches (matching, gathering, padding: ``stack_s``) and copying them to the
+#: device (``transfer_s``), summed over this process's calls; the batch engine reads the differences.
+timers = {"stack_s": 0.0, "transfer_s": 0.0}
+
+
+@contextlib.contextmanager
+def _stacking():
+    t0, moved = time.perf_counter(), timers["transfer_s"]
+    try:
+        yield
+    finally:
+        timers["stack_s"] += time.perf_counter() - t0 - (timers["transfer_s"] - moved)
+
+_PINNED_MAX = 256 << 20  # larger batches go through CuPy's own copy (pinning that much costs more)
+_staging = threading.local()  # per thread: two threads scoring at once must not share a buffer
+
+
+def _pinned_view(tag: str, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
+    n = math.prod(shape)
+    nbytes = n * dtype.itemsize
+    if nbytes == 0 or nbytes > _PINNED_MAX:
+        return None
+    bufs = getattr(_staging, "bufs", None)
+    if bufs is None:
+        bufs = _staging.bufs = {}
+    mem, size = bufs.get(tag, (None, 0))
+    if mem is None or size < nbytes:
+        import cupy
+
+        size = 1 << max(20, (nbytes - 1).bit_length())  # grow by powers of two: few reallocations
+        try:
+            mem = cupy.cuda.alloc_pinned_memory(size)
+        except Exception:  # pinned memory is a nicety; without it the copy is only slower
+            return None
+        bufs[tag] = (mem, size)
+    return np.frombuffer(mem, dtype=dtype, count=n).reshape(shape)
+
+
+def host_buffer(shape: tuple, dtype, fill, be, tag: str) -> np.ndarray:
+    """A host array of ``shape`` filled with ``fill``, to build a batch in before :func:`to_work`.
+
+    On the GPU path it is a view of a page-locked buffer kept per ``tag`` (and thread) and reused by
+    the next batch: the device copy is then one DMA, without the staging copy that a copy from
+    pageable memory makes. On the CPU path (or when pinning fails) it is a new NumPy array.
+    """
+    dtype = np.dtype(dtype)
+    shape = tuple(int(s) for s in shape)
+    a = _pinned_view(tag, shape, dtype) if be.on_gpu else None
+    if a is None:
+        return np.full(shape, fill, dtype=dtype)
+    a.fill(fill)
+    return a
+
+
+def to_work(host: np.ndarray, be, dtype):
+    """``host`` on the work device: itself on the CPU path; on the GPU a device copy, finished before
+    returning because :func:`host_buffer` reuses the host memory for the next batch."""
+    if not be.on_gpu:
+        return be.asarray(host, dtype)
+    import cupy as cp
+
+    t0 = time.perf_counter()
+    host = np.ascontiguousarray(host, dtype=dtype)
+    out = cp.empty(host.shape, dtype=dtype)
+    stream = cp.cuda.get_current_stream()
+    out.set(host, stream=stream)
+    stream.synchronize()
+    timers["transfer_s"] += time.perf_counter() - t0
+    return out

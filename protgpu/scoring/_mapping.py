@@ -16,12 +16,21 @@ Atoms are then matched by name within matched residues. MD names are read as the
 that no residue or atom is dropped: residue names go through ``std_resname`` (HSD/HSE/HSP -> HIS,
 CYX -> CYS, ...), and CHARMM/GROMOS atom names are translated (ILE CD -> CD1, OT1/OC1/O1 -> O,
 OT2/OC2/O2 -> OXT). Bare arrays are matched by index.
+
+Matching is cached: the models of one target usually share their atom table (the same residues and
+atom names, only the coordinates differ), so :func:`residue_info`, :func:`map_residues`,
+:func:`match_ca` and :func:`match_atoms` key their results by :func:`topology_key` (a sha256 of the
+atom-table arrays that matching reads) and compute them once per distinct table and reference, per
+process. A model whose table differs in any of those arrays gets its own entry.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-from dataclasses import dataclass, field
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -78,6 +87,97 @@ def source_name(s: Structure, fallback: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
+# Caches keyed by atom table
+
+def topology_key(s: Structure) -> bytes:
+    """A digest of what matching reads from an atom table, for caching matches across models.
+
+    Parameters
+    ----------
+    s : Structure
+
+    Returns
+    -------
+    bytes
+        32 bytes: sha256 over every atom's ``residue_index`` and ``name``, and over ``chain``,
+        ``segid``, ``resid``, ``icode``, ``resname`` and ``hetero`` of each residue's first atom - exactly
+        what :func:`residue_info` reads (each field with its dtype and length). Two structures with equal
+        keys have equal residue tables and atom names, hence equal matches to any reference.
+    """
+    a = s.atoms
+    ri = a.residue_index
+    first = np.ones(len(ri), dtype=bool)
+    first[1:] = ri[1:] != ri[:-1]
+    starts = np.flatnonzero(first)
+    h = hashlib.sha256()
+    for tag, arr in (("ri", ri), ("name", a.name), ("chain", a.chain[starts]), ("segid", a.segid[starts]),
+                     ("resid", a.resid[starts]), ("icode", a.icode[starts]), ("resname", a.resname[starts]),
+                     ("hetero", a.hetero[starts])):
+        arr = np.ascontiguousarray(arr)
+        h.update(f"{tag}:{arr.dtype.str}:{len(arr)};".encode())
+        h.update(memoryview(arr).cast("B"))
+    return h.digest()
+
+
+def array_key(a: np.ndarray) -> bytes:
+    """sha256 of an index array's dtype, shape and bytes (cache keys for atom selections)."""
+    a = np.ascontiguousarray(a)
+    h = hashlib.sha256(f"{a.dtype.str}:{a.shape};".encode())
+    h.update(memoryview(a).cast("B"))
+    return h.digest()
+
+
+class _LRU:
+    """A small thread-safe least-recently-used cache (parse threads and the compute thread share it)."""
+
+    def __init__(self, maxsize: int):
+        self.maxsize = maxsize
+        self._d: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, key):
+        with self._lock:
+            v = self._d.get(key)
+            if v is None:
+                self.misses += 1
+                return None
+            self._d.move_to_end(key)
+            self.hits += 1
+            return v
+
+    def put(self, key, value):
+        with self._lock:
+            self._d[key] = value
+            self._d.move_to_end(key)
+            while len(self._d) > self.maxsize:
+                self._d.popitem(last=False)
+        return value
+
+    def clear(self):
+        with self._lock:
+            self._d.clear()
+            self.hits = self.misses = 0
+
+
+_INFO_CACHE = _LRU(64)  # topology key -> ResidueInfo
+_MATCH_CACHE = _LRU(256)  # (what, model key, reference key, mapping[, atoms key]) -> match
+
+
+def clear_caches() -> None:
+    """Forget every cached residue table and match (tests; memory)."""
+    _INFO_CACHE.clear()
+    _MATCH_CACHE.clear()
+
+
+def _frozen(*arrays):
+    # cached arrays are shared by every model with the same table: nobody may write into them
+    for a in arrays:
+        a.setflags(write=False)
+    return arrays
+
+
+# --------------------------------------------------------------------------------------------------
 # Residues and atoms of a Structure
 
 
@@ -94,30 +194,22 @@ class ResidueInfo:
     ca_atom: np.ndarray  # int64 atom index of the residue's CA, -1 if none (or not a polymer residue)
     atom_name: np.ndarray  # per atom: PDB-normalised name
     atom_residue: np.ndarray  # per atom: residue index
-    cache: dict = field(default_factory=dict, repr=False)  # derived lookups, built once (reference)
-
-    def keys(self) -> list:
-        """(chain, resid, icode) of every residue, as a list of tuples."""
-        k = self.cache.get("keys")
-        if k is None:
-            k = list(zip(self.chain.tolist(), self.resid.tolist(), self.icode.tolist(), strict=True))
-            self.cache["keys"] = k
-        return k
-
-    def key_index(self) -> dict:
-        """(chain, resid, icode) -> first polymer residue with that key."""
-        d = self.cache.get("key_index")
-        if d is None:
-            d = {}
-            keys = self.keys()
-            for i in np.flatnonzero(self.polymer).tolist():
-                d.setdefault(keys[i], i)
-            self.cache["key_index"] = d
-        return d
+    key: bytes = b""  # topology_key of the structure (b"": not cached, e.g. built by hand)
 
 
 def residue_info(s: Structure) -> ResidueInfo:
-    """Collect :class:`ResidueInfo` for ``s`` (vectorised over atoms)."""
+    """Collect :class:`ResidueInfo` for ``s`` (vectorised over atoms), cached by :func:`topology_key`.
+
+    Structures with equal atom tables share one (read-only) ResidueInfo.
+    """
+    key = topology_key(s)
+    info = _INFO_CACHE.get(key)
+    if info is None:
+        info = _INFO_CACHE.put(key, _residue_info(s, key))
+    return info
+
+
+def _residue_info(s: Structure, key: bytes) -> ResidueInfo:
     a = s.atoms
     res = s.residues
     chain = np.where(res.chain != "", res.chain, res.segid)
@@ -134,9 +226,9 @@ def residue_info(s: Structure) -> ResidueInfo:
     # first CA of each residue (reverse assignment so the first one wins)
     ca_atom[a.residue_index[ca_idx[::-1]]] = ca_idx[::-1]
     ca_atom[~polymer] = -1
-    return ResidueInfo(chain=chain, resid=res.resid.astype(np.int64), icode=res.icode, std_resname=std,
-                       polymer=polymer, protein=protein, ca_atom=ca_atom, atom_name=names,
-                       atom_residue=a.residue_index.astype(np.int64))
+    arrays = _frozen(chain, res.resid.astype(np.int64), np.array(res.icode), std, polymer, protein, ca_atom, names,
+                     a.residue_index.astype(np.int64))
+    return ResidueInfo(*arrays, key=key)
 
 
 def normalized_atom_names(names: np.ndarray, std_resnames: np.ndarray) -> np.ndarray:
@@ -159,10 +251,9 @@ def normalized_atom_names(names: np.ndarray, std_resnames: np.ndarray) -> np.nda
 
 
 def _chain_order(chains: np.ndarray, mask: np.ndarray) -> list[str]:
-    seen: dict[str, None] = {}
-    for c in chains[mask].tolist():
-        seen.setdefault(c, None)
-    return list(seen)
+    """Distinct chains of the masked residues, in order of first appearance."""
+    uniq, first = np.unique(chains[mask], return_index=True)
+    return uniq[np.argsort(first)].tolist()
 
 
 def chain_map(model: ResidueInfo, ref: ResidueInfo, source: str) -> dict[str, str]:
@@ -187,7 +278,13 @@ def chain_map(model: ResidueInfo, ref: ResidueInfo, source: str) -> dict[str, st
     return pairs
 
 
+_ALIGNERS = threading.local()  # one aligner per thread: building one reads BLOSUM62 from disk
+
+
 def _aligner():
+    aligner = getattr(_ALIGNERS, "aligner", None)
+    if aligner is not None:
+        return aligner
     from Bio import Align
     from Bio.Align import substitution_matrices
 
@@ -196,11 +293,41 @@ def _aligner():
     aligner.substitution_matrix = substitution_matrices.load("BLOSUM62")
     aligner.open_gap_score = -11
     aligner.extend_gap_score = -1
+    _ALIGNERS.aligner = aligner
     return aligner
 
 
 def _sequence(std: np.ndarray) -> str:
     return "".join(ONE_LETTER.get(r, "X") for r in std.tolist())
+
+
+def _resnum_pairs(model: ResidueInfo, ref: ResidueInfo, cmap: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(model residue, reference residue) pairs of equal (chain, resid, icode), in model order; each
+    model polymer residue whose chain is paired meets the first reference polymer residue of its key."""
+    mi = np.flatnonzero(model.polymer)
+    ri = np.flatnonzero(ref.polymer)
+    # the model's chains renamed to their reference partners; unpaired chains drop out
+    mchain = model.chain[mi]
+    paired = np.isin(mchain, list(cmap))
+    mi, mchain = mi[paired], mchain[paired]
+    if any(k != v for k, v in cmap.items()):
+        uniq, inv = np.unique(mchain, return_inverse=True)
+        mchain = np.asarray([cmap[c] for c in uniq.tolist()], dtype=ref.chain.dtype)[inv.ravel()] if len(uniq) \
+            else mchain
+    if not len(mi) or not len(ri):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    # one integer per (chain, icode, resid): string parts as codes into their sorted distinct values
+    chains, chain_code = np.unique(np.concatenate([ref.chain[ri], mchain]), return_inverse=True)
+    icodes, icode_code = np.unique(np.concatenate([ref.icode[ri], model.icode[mi]]), return_inverse=True)
+    resid = np.concatenate([ref.resid[ri], model.resid[mi]]).astype(np.int64)
+    lo = int(resid.min())
+    span = int(resid.max()) - lo + 1
+    key = (chain_code.ravel() * len(icodes) + icode_code.ravel()) * span + (resid - lo)
+    rkey, mkey = key[: len(ri)], key[len(ri):]
+    uniq, first = np.unique(rkey, return_index=True)  # first reference residue of each key
+    pos = np.minimum(np.searchsorted(uniq, mkey), len(uniq) - 1)
+    hit = uniq[pos] == mkey
+    return mi[hit].astype(np.int64), ri[first[pos[hit]]].astype(np.int64)
 
 
 def map_residues(model: ResidueInfo, ref: ResidueInfo, mapping, source: str) -> tuple[np.ndarray, np.ndarray]:
@@ -223,47 +350,42 @@ def map_residues(model: ResidueInfo, ref: ResidueInfo, mapping, source: str) -> 
         if mapping not in ("resnum", "sequence"):
             raise InputError(f"mapping must be 'resnum', 'sequence' or an array of residue index pairs, "
                              f"not {mapping!r}")
+        ck = ("residues", model.key, ref.key, mapping) if model.key and ref.key else None
+        hit = _MATCH_CACHE.get(ck) if ck is not None else None
+        if hit is not None:
+            return hit
         cmap = chain_map(model, ref, source)
-        mres: list[int] = []
-        rres: list[int] = []
         if mapping == "resnum":
-            ref_keys = ref.key_index()
-            mkeys = model.keys()
-            same = all(k == v for k, v in cmap.items())
-            for i in np.flatnonzero(model.polymer).tolist():
-                key = mkeys[i]
-                if not same:
-                    rc = cmap.get(key[0])
-                    if rc is None:
-                        continue
-                    key = (rc, key[1], key[2])
-                j = ref_keys.get(key)
-                if j is not None:
-                    mres.append(i)
-                    rres.append(j)
+            model_res, ref_res = _resnum_pairs(model, ref, cmap)
         else:
+            mres: list[np.ndarray] = []
+            rres: list[np.ndarray] = []
             aligner = _aligner()
             for mc, rc in cmap.items():
                 mi = np.flatnonzero(model.polymer & (model.chain == mc))
                 ri = np.flatnonzero(ref.polymer & (ref.chain == rc))
                 aln = aligner.align(_sequence(model.std_resname[mi]), _sequence(ref.std_resname[ri]))[0]
                 for (m0, m1), (r0, r1) in zip(*aln.aligned, strict=True):
-                    mres.extend(mi[m0:m1].tolist())
-                    rres.extend(ri[r0:r1].tolist())
-        model_res = np.asarray(mres, dtype=np.int64)
-        ref_res = np.asarray(rres, dtype=np.int64)
-    else:
-        pairs = np.asarray(mapping)
-        if pairs.ndim != 2 or pairs.shape[1] != 2 or (pairs.size and pairs.dtype.kind not in "iu"):
-            raise InputError(f"{source}: an explicit mapping must be an integer array of shape (K, 2) of "
-                             f"(model residue, reference residue) indices, got shape {pairs.shape}")
-        pairs = pairs.astype(np.int64)
-        if pairs.size and (pairs[:, 0].min() < 0 or pairs[:, 0].max() >= len(model.resid)
-                           or pairs[:, 1].min() < 0 or pairs[:, 1].max() >= len(ref.resid)):
-            raise InputError(f"{source}: explicit mapping has residue indices out of range "
-                             f"(model has {len(model.resid)}, reference {len(ref.resid)} residues)")
-        model_res, ref_res = pairs[:, 0], pairs[:, 1]
-    # one partner per residue, in reference order
+                    mres.append(mi[m0:m1])
+                    rres.append(ri[r0:r1])
+            model_res = np.concatenate(mres).astype(np.int64) if mres else np.zeros(0, np.int64)
+            ref_res = np.concatenate(rres).astype(np.int64) if rres else np.zeros(0, np.int64)
+        out = _one_to_one(model_res, ref_res)
+        return _MATCH_CACHE.put(ck, _frozen(*out)) if ck is not None else out
+    pairs = np.asarray(mapping)
+    if pairs.ndim != 2 or pairs.shape[1] != 2 or (pairs.size and pairs.dtype.kind not in "iu"):
+        raise InputError(f"{source}: an explicit mapping must be an integer array of shape (K, 2) of "
+                         f"(model residue, reference residue) indices, got shape {pairs.shape}")
+    pairs = pairs.astype(np.int64)
+    if pairs.size and (pairs[:, 0].min() < 0 or pairs[:, 0].max() >= len(model.resid)
+                       or pairs[:, 1].min() < 0 or pairs[:, 1].max() >= len(ref.resid)):
+        raise InputError(f"{source}: explicit mapping has residue indices out of range "
+                         f"(model has {len(model.resid)}, reference {len(ref.resid)} residues)")
+    return _one_to_one(pairs[:, 0], pairs[:, 1])
+
+
+def _one_to_one(model_res: np.ndarray, ref_res: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Keep the first pair of each reference and each model residue; sort by reference residue."""
     _, first = np.unique(ref_res, return_index=True)
     keep = np.zeros(len(ref_res), bool)
     keep[first] = True
@@ -308,7 +430,12 @@ def reference_ca(ref: ResidueInfo) -> np.ndarray:
 
 
 def match_ca(model: ResidueInfo, ref: ResidueInfo, mapping, source: str) -> CAMatch:
-    """Match the model's CA atoms to the reference's (see :func:`map_residues`)."""
+    """Match the model's CA atoms to the reference's (see :func:`map_residues`); cached for string
+    mappings (the arrays of a cached match are read-only)."""
+    ck = ("ca", model.key, ref.key, mapping) if model.key and ref.key and isinstance(mapping, str) else None
+    hit = _MATCH_CACHE.get(ck) if ck is not None else None
+    if hit is not None:
+        return hit
     mres, rres = map_residues(model, ref, mapping, source)
     ref_ca_res = reference_ca(ref)
     pos_of_res = np.full(len(ref.resid), -1, dtype=np.int64)
@@ -316,8 +443,12 @@ def match_ca(model: ResidueInfo, ref: ResidueInfo, mapping, source: str) -> CAMa
     ok = (model.ca_atom[mres] >= 0) & (pos_of_res[rres] >= 0)
     n_model = int((model.ca_atom >= 0).sum())
     n_skipped = int((model.polymer & (model.ca_atom < 0)).sum())
-    return CAMatch(model_atoms=model.ca_atom[mres[ok]], ref_pos=pos_of_res[rres[ok]], n_model=n_model,
-                   n_skipped=n_skipped)
+    out = CAMatch(model_atoms=model.ca_atom[mres[ok]], ref_pos=pos_of_res[rres[ok]], n_model=n_model,
+                  n_skipped=n_skipped)
+    if ck is None:
+        return out
+    _frozen(out.model_atoms, out.ref_pos)
+    return _MATCH_CACHE.put(ck, out)
 
 
 def lddt_reference_atoms(ref: ResidueInfo, s: Structure, atoms: str) -> np.ndarray:
@@ -331,7 +462,8 @@ def lddt_reference_atoms(ref: ResidueInfo, s: Structure, atoms: str) -> np.ndarr
     return np.flatnonzero(heavy & ref.polymer[ref.atom_residue])
 
 
-def match_atoms(model: ResidueInfo, ref: ResidueInfo, ref_atoms: np.ndarray, mapping, source: str):
+def match_atoms(model: ResidueInfo, ref: ResidueInfo, ref_atoms: np.ndarray, mapping, source: str,
+                atoms_key: bytes | None = None):
     """Match model atoms to the scored reference atoms, by name within matched residues.
 
     Returns
@@ -342,7 +474,24 @@ def match_atoms(model: ResidueInfo, ref: ResidueInfo, ref_atoms: np.ndarray, map
         Positions of the matched atoms in ``ref_atoms``.
     n_matched_residues : int
         Number of reference residues with a matched model residue.
+
+    Cached for string mappings, by the two tables and the bytes of ``ref_atoms`` (``atoms_key``:
+    their :func:`array_key`, when the caller has it).
     """
+    ck = None
+    if model.key and ref.key and isinstance(mapping, str):
+        ck = ("atoms", model.key, ref.key, mapping, atoms_key or array_key(np.asarray(ref_atoms)))
+        hit = _MATCH_CACHE.get(ck)
+        if hit is not None:
+            return hit
+    out = _match_atoms(model, ref, ref_atoms, mapping, source)
+    if ck is None:
+        return out
+    _frozen(out[0], out[1])
+    return _MATCH_CACHE.put(ck, out)
+
+
+def _match_atoms(model: ResidueInfo, ref: ResidueInfo, ref_atoms: np.ndarray, mapping, source: str):
     mres, rres = map_residues(model, ref, mapping, source)
     res_of_model_res = np.full(len(model.resid), -1, dtype=np.int64)
     res_of_model_res[mres] = rres
