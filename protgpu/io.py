@@ -36,6 +36,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -145,7 +146,7 @@ def load(source, *, top=None, frames=None, altloc: str = "first", model: int | N
     if isinstance(source, Structure):
         s = source
     elif isinstance(source, (str, os.PathLike)):
-        s, frames_done = _load_path(Path(source), top=top, altloc=altloc, model=model, frames=frames)
+        s, frames_done = _load_path(_path_name(source), top=top, altloc=altloc, model=model, frames=frames)
         if frames_done:
             frames = None
     elif isinstance(source, np.ndarray):
@@ -193,13 +194,37 @@ def _load_many(items: Sequence, *, top, altloc: str, model) -> Structure:
     )
 
 
-def _split_ext(path: Path) -> tuple[str, bool]:
-    """Lower-case extension of the file with ``.gz`` peeled off, and whether it was gzipped."""
-    suffixes = [s.lower() for s in path.suffixes]
-    gz = bool(suffixes) and suffixes[-1] == ".gz"
+def _path_name(source) -> str:
+    """``str(Path(source))``, without building the Path when ``source`` is a string already in that
+    form (no empty or '.' component, no trailing slash): pathlib's parsing costs several
+    microseconds, a noticeable part of loading a small PDB file."""
+    if (
+        type(source) is str
+        and os.sep == "/"
+        and source not in ("", ".")
+        and "//" not in source
+        and "/./" not in source
+        and not source.startswith("./")
+        and not source.endswith(("/", "/."))
+    ):
+        return source
+    return str(Path(source))
+
+
+def _split_ext(path) -> tuple[str, bool]:
+    """Lower-case extension of the file with ``.gz`` peeled off, and whether it was gzipped.
+
+    ``path`` is a str or path-like; the suffixes are those of ``pathlib.PurePath.suffixes`` (none
+    for a name ending in '.', leading dots belong to the stem), found without building a Path.
+    """
+    name = os.path.basename(os.fspath(path))
+    if name.endswith("."):
+        return "", False
+    suffixes = name.lstrip(".").lower().split(".")[1:]
+    gz = bool(suffixes) and suffixes[-1] == "gz"
     if gz:
         suffixes = suffixes[:-1]
-    return (suffixes[-1] if suffixes else ""), gz
+    return ("." + suffixes[-1] if suffixes else ""), gz
 
 
 def _supported() -> str:
@@ -223,7 +248,7 @@ def _check_file(path: Path) -> None:
         raise InputError(f"{name}: file is empty")
 
 
-def _read_bytes(path: Path, gz: bool) -> bytes:
+def _read_bytes(path: str | Path, gz: bool) -> bytes:
     """The file's bytes (gunzipped when ``gz``); a missing, unreadable or empty file, or a directory,
     raises the same InputError as :func:`_check_file` (no separate stat call on the way)."""
     name = str(path)
@@ -249,12 +274,13 @@ def _read_bytes(path: Path, gz: bool) -> bytes:
     return data
 
 
-def _load_path(path: Path, *, top, altloc: str, model, frames):
-    ext, gz = _split_ext(path)
-    name = str(path)
+def _load_path(name: str, *, top, altloc: str, model, frames):
+    """Load the file ``name`` (``str(Path(source))``); returns (structure, whether ``frames`` was applied)."""
+    ext, gz = _split_ext(name)
     if ext in PDB_EXTENSIONS:
-        data = _read_bytes(path, gz)  # checks the file as _check_file does
-        return _parse_pdb(data, name, altloc=altloc, model=model, path=path), False
+        data = _read_bytes(name, gz)  # checks the file as _check_file does
+        return _parse_pdb(data, name, altloc=altloc, model=model, path=name), False
+    path = Path(name)
     _check_file(path)
     if ext in MMCIF_EXTENSIONS:
         return _read_mmcif(path, name, altloc=altloc, model=model), False
@@ -352,7 +378,16 @@ class _Rows:
         self.stride = stride  # bytes from one row to the next (>= width)
         self.n = n
         self.width = width
-        self.matrix = np.ndarray((n, width), np.uint8, buffer=buffer, offset=base, strides=(stride, 1))
+        # One structured view of the rows holds the fields the reader uses that lie inside the lines:
+        # taking a field of it is a dictionary lookup, a third of the cost of a new strided ndarray.
+        dtype, self.inside = _row_dtype(stride, width - 1)
+        self.fields = np.ndarray((n,), dtype, buffer=buffer, offset=base)
+
+    @cached_property
+    def matrix(self) -> np.ndarray:
+        """The rows as an (n, width) uint8 matrix (a view)."""
+        shape, strides = (self.n, self.width), (self.stride, 1)
+        return np.ndarray(shape, np.uint8, buffer=self.buffer, offset=self.base, strides=strides)
 
     @classmethod
     def empty(cls, n: int, width: int) -> _Rows:
@@ -426,6 +461,10 @@ class _Rows:
 
     def get(self, col: int, width: int, n: int | None = None) -> np.ndarray:
         """Columns col:col+width of the first ``n`` rows (all by default), one uint per row, a view."""
+        field = _ROW_FIELDS.get((col, width))
+        if field in self.inside:
+            v = self.fields[field]
+            return v if n is None or n == self.n else v[:n]
         n = self.n if n is None else n
         dtype = _UINT[width]
         last = self.width - 1  # columns >= last are past the end of every line
@@ -446,6 +485,35 @@ class _Rows:
             pad[:, :keep] = out[:, :keep]
             out = pad
         return out
+
+
+# The fields _Rows.get is asked for, (first column, width) -> field name of the rows' structured view.
+_ROW_FIELDS = {
+    (c, w): f"c{c}w{w}"
+    for c, w in (
+        (0, 4), (12, 4), (16, 1), (17, 4), (17, 8), (21, 1), (21, 4), (22, 4), (25, 2), (26, 1), (72, 4), (76, 2)
+    )
+}
+_ROW_DTYPES: dict = {}
+
+
+def _row_dtype(stride: int, last: int) -> tuple[np.dtype, frozenset]:
+    """Structured dtype of one row of ``stride`` bytes whose columns from ``last`` on are past the
+    line's end: the :data:`_ROW_FIELDS` that end before ``last`` (overlapping fields are allowed),
+    and "xyz", the 24 coordinate columns (every atom line has them). Also the names of those fields.
+    Built once per (stride, last)."""
+    key = (stride, last)
+    found = _ROW_DTYPES.get(key)
+    if found is None:
+        inside = {cw: f for cw, f in _ROW_FIELDS.items() if cw[0] + cw[1] <= last}
+        dtype = np.dtype({
+            "names": list(inside.values()) + ["xyz"],
+            "formats": [_UINT[w] for _, w in inside] + ["V24"],
+            "offsets": [c for c, _ in inside] + [30],
+            "itemsize": stride,
+        })
+        found = _ROW_DTYPES[key] = (dtype, frozenset(inside.values()))
+    return found
 
 
 def _gather_rows(buf: np.ndarray, s: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
@@ -527,6 +595,87 @@ def _text_of(key, width: int) -> str:
     return int(key).to_bytes(width, "little").strip(b" \x00").decode("latin-1")
 
 
+class _KeyMemo:
+    """Decoded values of integer-held fields, kept across loads: sorted keys and their values.
+
+    Atom names, residue names and residue numbers repeat from one file to the next (a few hundred
+    distinct (atom name, residue name) pairs, residue numbers 1..a few thousand), so a lookup in
+    what earlier loads decoded (one binary search per field, four NumPy calls in all) replaces
+    decoding them again; only files with keys not seen before decode theirs and add them. The state
+    is one tuple (keys, value arrays...) replaced whole, so concurrent loads (threads of the batch
+    engine) read consistent arrays; an insertion lost to a race only costs a later re-decode.
+    Growth stops at ``limit`` keys.
+    """
+
+    def __init__(self, key_dtype, *value_dtypes, limit: int = 1 << 16):
+        self.state = (np.zeros(0, key_dtype), *(np.zeros(0, d) for d in value_dtypes))
+        self.limit = limit
+
+    def find(self, keys: np.ndarray) -> tuple[np.ndarray, tuple] | None:
+        """Positions of ``keys`` (shape (n,), the key dtype) among the known keys, and the state they
+        index, or None when any key is not known."""
+        state = self.state
+        known = state[0]
+        if not known.size:
+            return None
+        at = np.searchsorted(known, keys)
+        # mode="clip": a key above every known one lands on the last and fails the comparison, done
+        # on the bytes (one memcmp, cheaper than an elementwise comparison and a reduction)
+        if known.take(at, mode="clip").tobytes() != keys.tobytes():
+            return None
+        return at, state
+
+    def add(self, keys: np.ndarray, *values: np.ndarray) -> None:
+        """Remember ``values[j][i]`` for ``keys[i]`` (keys may repeat; the first value is kept)."""
+        known, *old = self.state
+        if known.size >= self.limit:
+            return
+        keys = np.concatenate([known, keys.astype(known.dtype, copy=False)])
+        # known keys first: np.unique's first occurrences keep the values remembered before
+        uniq, first = np.unique(keys, return_index=True)
+        merged = (np.concatenate([o, v.astype(o.dtype, copy=False)])[first] for o, v in zip(old, values, strict=True))
+        self.state = (uniq, *merged)
+
+
+# (atom name key | residue name key << 32), columns 13-16 and 18-21 -> atom name, residue name
+# (stripped '<U4') and the element guessed from them ('<U2', for atoms without an element column).
+_ATOM_MEMO = _KeyMemo(np.uint64, "<U4", "<U4", "<U2")
+# Residue-number fields (columns 23-26) -> int32.
+_RESID_MEMO = _KeyMemo(np.uint32, np.int32)
+
+
+def _atom_text(pair: np.ndarray, name_key: np.ndarray, res_key: np.ndarray):
+    """Atom name, residue name and guessed element of every row, as indexes into small tables.
+
+    Parameters
+    ----------
+    pair : np.ndarray of uint64, shape (n,)
+        ``name_key | res_key << 32``.
+    name_key, res_key : np.ndarray of uint32, shape (n,)
+        Columns 13-16 and 18-21 as written (:meth:`_Rows.get`).
+
+    Returns
+    -------
+    at : np.ndarray of intp, shape (n,)
+    names, resnames : np.ndarray of '<U4'
+    elements : np.ndarray of '<U2'
+        Row i has atom name ``names[at[i]]``, residue name ``resnames[at[i]]`` and, should its
+        element column be empty, element ``elements[at[i]]`` (:func:`_guess_pdb_elements`).
+    """
+    found = _ATOM_MEMO.find(pair)
+    if found is not None:
+        at, (_, names, resnames, elements) = found
+        return at, names, resnames, elements
+    # New pairs: decode the distinct ones (names and residue names in one sort) and remember them.
+    uniq, first, at = np.unique(pair, return_index=True, return_inverse=True)
+    k = uniq.shape[0]
+    keys, text, inverse = _distinct_text(np.concatenate([name_key[first], res_key[first]]), 4)
+    names, resnames = text[inverse[:k]], text[inverse[k:]]
+    elements = _guess_pdb_elements(keys, text, inverse[:k], inverse[k:], np.arange(k))
+    _ATOM_MEMO.add(uniq, names, resnames, elements)
+    return at.ravel(), names, resnames, elements
+
+
 def _char_table() -> np.ndarray:
     """'<U1' text of each byte value for one-column fields (chain, insertion code); blank/NUL -> ''."""
     table = np.arange(256, dtype=np.uint32)
@@ -538,12 +687,9 @@ _CHAR = _char_table()
 
 
 def _char_column(keys: np.ndarray) -> np.ndarray:
-    """One-column field (uint8 per row) to '<U1'; a column with one value (the usual chain or
-    insertion code of a file) costs a comparison instead of a lookup per row."""
-    first = keys[0]
-    if (keys == first).all():
-        return np.full(keys.shape[0], _CHAR[first], dtype="<U1")
-    return _CHAR[keys]
+    """One-column field (uint8 per row) to '<U1', by one lookup per row (``take``: cheaper than
+    checking for a column of one value and filling)."""
+    return _CHAR.take(keys)
 _ELEMENTS: tuple[np.ndarray, np.ndarray] | None = None
 
 
@@ -570,12 +716,12 @@ def _element_table() -> tuple[np.ndarray, np.ndarray]:
     return _ELEMENTS
 
 
-def _parse_coords(rows: _Rows, line_no, name: str) -> np.ndarray:
-    """Coordinates (columns 31-38, 39-46, 47-54) of every row, shape (rows, 3) float32.
+def _parse_coords(rows: _Rows, line_no, name: str) -> tuple[np.ndarray, bool]:
+    """Coordinates (columns 31-38, 39-46, 47-54) of every row, shape (rows, 3) float32, and whether
+    all are known finite (every field had the standard form).
 
-    The three fields of each row are read as one uint64 each (first column in the low byte) and
-    decoded ``_COORD_CHUNK`` fields at a time by :func:`_parse_coord_fields`, whose temporaries
-    are kept per-thread work arrays (see :func:`_scratch`).
+    The 24 columns of each row are one 24-byte item of a strided view of the row matrix, decoded
+    ``_COORD_CHUNK`` fields (a third as many rows) at a time by :func:`_parse_coord_fields`.
 
     Parameters
     ----------
@@ -583,95 +729,109 @@ def _parse_coords(rows: _Rows, line_no, name: str) -> np.ndarray:
         ``line_no(i)``: file line number of row i, for the error message.
     """
     n = rows.n
-    words = _scratch("coord_words", 3 * n, np.uint64).reshape(n, 3)
-    for k in range(3):
-        words[:, k] = rows.get(30 + 8 * k, 8)
-    flat = words.reshape(-1)
-    out = np.empty(flat.shape[0], dtype=np.float32)
-    for a in range(0, flat.shape[0], _COORD_CHUNK):
-        _parse_coord_fields(flat[a : a + _COORD_CHUNK], out[a : a + _COORD_CHUNK], a, line_no, name)
-    return out.reshape(n, 3)
+    out = np.empty((n, 3), dtype=np.float32)
+    xyz = rows.fields["xyz"]
+    step = max(1, _COORD_CHUNK // 3)
+    finite = True
+    for a in range(0, n, step):
+        finite &= _parse_coord_fields(xyz[a : a + step], out[a : a + step], a, line_no, name)
+    return out, finite
 
 
-# Fields decoded per pass (four work arrays of 128 KiB). Smaller passes keep the work arrays in
-# cache but cost more NumPy calls, which is the dearer side when other work has run in between
-# (as in the benchmark, where mdtraj and Biopython run between loads).
+# Fields decoded per pass. Smaller passes keep the work arrays in cache but cost more NumPy calls,
+# which is the dearer side when other work has run in between (as in the benchmark, where mdtraj
+# and Biopython run between loads).
 _COORD_CHUNK = 16384
 
 
-def _parse_coord_fields(words: np.ndarray, out: np.ndarray, first: int, line_no, name: str) -> None:
-    """Coordinate fields, one uint64 each (shape (m,), contiguous), to float32 in ``out``.
+def _coord_forms() -> tuple[np.ndarray, np.ndarray]:
+    """The standard ``%8.3f`` fields with every digit written as '0', in a perfect-hash table.
 
-    Fast path: when every 8-column field has the standard ``%8.3f`` form (blanks, an optional minus,
-    digits, a point in the fifth column, three decimals) the digits are decoded with integer
-    arithmetic: exact (thousandths below 1e7), then divided by 1000 in float64 and rounded to
-    float32, which equals ``float(text)`` rounded to float32. The form is checked with whole-array
-    byte comparisons read back eight at a time as uint64. Anything else (other decimal counts,
-    ``nan``) goes through NumPy's string-to-float conversion, which reports the bad line
-    (``first`` is the index of ``words[0]`` among all fields, three per row).
+    Such a field is k blanks (k = 0..3), an optional minus, at least one digit, a point and three
+    digits: seven forms, as uint64 (first column in the low byte). ``(word * _HASH) >> 61`` puts
+    each in its own of 8 slots; the table holds the form of each slot (0 where none, which no
+    8-byte text equals) and the divisor that scales its thousandths (-1000 with a minus).
     """
-    m = words.shape[0]
-    f = words.view(np.uint8).reshape(m, 8)
-    # work arrays of 8 bytes per field, reused below under other names
-    sign_b = _scratch("coord_a", 8 * m, bool).reshape(m, 8)
-    flag_b = _scratch("coord_b", 8 * m, bool).reshape(m, 8)
-    d = _scratch("coord_c", 8 * m, np.uint8).reshape(m, 8)
-    form = _scratch("coord_d", m, np.uint64)
-    # byte flags (0/1), read back as one uint64 per field: digits anywhere, blank or minus in the
-    # first four columns, the point (flag 2) in the fifth; one comparison with a valid field's
-    sign = np.equal(f, np.uint8(45), out=sign_b).view("<u8").ravel()
-    flag = flag_b.view("<u8").ravel()
-    np.equal(f, np.uint8(32), out=flag_b)
-    np.bitwise_or(sign, flag, out=form)
-    form &= _FIRST_4
-    np.equal(f, np.uint8(46), out=flag_b)
-    flag <<= np.uint64(1)
-    form |= flag
-    np.subtract(f, np.uint8(48), out=d)  # wraps for non-digits, so "d < 10" means "is a digit"
-    isdig = np.less(d, np.uint8(10), out=flag_b)
-    form |= flag
-    if np.array_equal(form, np.broadcast_to(_FORM, form.shape)):
-        d *= isdig
-        # Digits to numbers inside each uint64 (first column in the low byte): pairs of bytes, then
-        # pairs of 16-bit lanes; the integer part lands in lane 0, the thousandths in lane 2.
-        v = d.view("<u8").ravel()
-        low = np.right_shift(v, np.uint64(8), out=form)
-        v *= np.uint64(10)
-        v += low
+    forms = np.zeros(8, dtype=np.uint64)
+    divisor = np.ones(8, dtype=np.float32)
+    for k in range(4):
+        for minus in (False, True):
+            digits = 4 - k - minus
+            if digits >= 1:
+                word = int.from_bytes(b" " * k + b"-" * minus + b"0" * digits + b".000", "little")
+                slot = ((word * _HASH) % (1 << 64)) >> 61
+                if forms[slot]:  # pragma: no cover - fixed by the choice of _HASH
+                    raise RuntimeError("coordinate form hash collision")
+                forms[slot], divisor[slot] = word, -1000.0 if minus else 1000.0
+    return forms, divisor
+
+
+_HASH = 11830416603374763041  # odd multiplier found by search: the seven forms hash apart
+_COORD_FORMS, _COORD_DIVISOR = _coord_forms()
+
+
+def _parse_coord_fields(fields: np.ndarray, out: np.ndarray, first: int, line_no, name: str) -> bool:
+    """Coordinate columns of ``m`` rows ('V24' items, any stride) to float32 ``out`` of shape (m, 3).
+
+    Fast path: every 8-column field has the standard ``%8.3f`` form (blanks, an optional minus,
+    digits, a point in the fifth column, three decimals). The digits are cut out (byte minus '0',
+    kept where below 10); the field with its digits replaced by '0' is then one of seven words,
+    found by one multiplicative hash and one table comparison, which also gives the sign. The digits
+    are combined into the value in thousandths with integer word arithmetic (exact, below 2**24,
+    so exact in float32 too) and divided by +-1000 in float32: for every value of that range this
+    equals ``float(text)`` rounded to float32 (checked exhaustively: float32 division rounds once,
+    as float64 division then rounding to float32 does here). Anything else (other decimal counts,
+    ``nan``) goes through NumPy's string-to-float conversion, which reports the bad line (``first``
+    is the row index of ``fields[0]``). Returns whether the fast path was taken (the values are
+    then finite).
+    """
+    m = fields.shape[0]
+    k = 3 * m
+    # one work array (see _scratch) holds the text, the digits, their mask and the hash slots
+    work = _scratch("coords", 96 * m, np.uint8)
+    text, d, isdig = work[: 24 * m], work[24 * m : 48 * m], work[48 * m : 72 * m].view(bool)
+    np.copyto(text.view("V24"), fields)  # the rows' columns 31-54 side by side: contiguous from here on
+    np.subtract(text, np.uint8(48), out=d)
+    d *= np.less(d, np.uint8(10), out=isdig)  # wrapped non-digits -> 0
+    form = np.subtract(text, d, out=text).view("<u8")  # (the text itself is not needed again)
+    slot = np.multiply(form, np.uint64(_HASH), out=work[72 * m :].view("<u8"))
+    slot >>= np.uint64(61)
+    slot = slot.view(np.int64)  # 0..7
+    if (_COORD_FORMS.take(slot) == form).all():
+        # Digits to the value in thousandths inside each uint64 (first column in the low byte, the
+        # point column holds 0): adjacent bytes, then 16-bit lanes, then the integer part (lane 0)
+        # times 1000 plus the thousandths (lane 2), each step one multiply-shift-mask on every
+        # field at once. (A float matrix product would be two calls, but OpenBLAS starts threads
+        # for it above ~9k elements, which costs more than it saves.)
+        v = d.view("<u8")
+        v *= np.uint64(1 + (10 << 8))
+        v >>= np.uint64(8)
         v &= np.uint64(0x00FF00FF00FF00FF)
-        np.right_shift(v, np.uint64(16), out=low)
-        v *= np.uint64(100)
-        v += low
+        v *= np.uint64(1 + (100 << 16))
+        v >>= np.uint64(16)
         v &= np.uint64(0x0000FFFF0000FFFF)
-        # integer part * 1000 + thousandths, in the low 32 bits (the high half is not read)
-        np.right_shift(v, np.uint64(32), out=low)
-        v *= np.uint64(1000)
-        v += low
-        # the sign goes into the divisor (-1000 or 1000): a masked negate is a slow branchy loop
-        # (half the coordinates are negative, at random). The division runs in float64 and is
-        # rounded once to float32 on the way into ``out``.
-        divisor = np.multiply(np.not_equal(sign, 0, out=isdig[:, 0]), -2000.0, out=form.view(np.float64))
-        divisor += 1000.0
-        np.divide(v.view("<u4")[::2], divisor, out=out, casting="same_kind")
-        return
-    text = f.view("S8").ravel()
+        v *= np.uint64(1 + (1000 << 32))  # (the product's bits past 64 are the part not wanted)
+        v >>= np.uint64(32)
+        flat = out.reshape(k)
+        np.copyto(flat, v, casting="unsafe")  # exact: below 2**24
+        flat /= _COORD_DIVISOR.take(slot)
+        return True
+    raw = np.empty(24 * m, dtype=np.uint8)
+    np.copyto(raw.view("V24"), fields)
+    text = raw.view("S8")
     try:
-        out[:] = text.astype(np.float64)
+        out.reshape(k)[:] = text.astype(np.float64)
     except ValueError:
         for i, v in enumerate(text.tolist()):
             try:
                 float(v)
             except ValueError:
                 raise InputError(
-                    f"{name}: line {line_no((first + i) // 3)}: bad coordinate {v.decode('latin-1').strip()!r} "
+                    f"{name}: line {line_no(first + i // 3)}: bad coordinate {v.decode('latin-1').strip()!r} "
                     "in columns 31-54"
                 ) from None
         raise  # pragma: no cover - one field must have failed
-
-
-# Byte patterns of a valid "%8.3f" field, as the uint64 of per-byte flags (first column lowest).
-_FIRST_4 = np.uint64(0x0000000001010101)
-_FORM = np.uint64(0x0101010201010101)
+    return False
 
 
 def _hybrid36(text: str) -> int | None:
@@ -692,8 +852,23 @@ def _hybrid36(text: str) -> int | None:
     return v + 16 * 36**3 + 10000
 
 
-def _parse_resid(keys: np.ndarray, line_no: np.ndarray, name: str) -> np.ndarray:
-    """Residue-number fields (columns 23-26) as uint32 keys, shape (n,) -> (n,) int32."""
+def _parse_resid(keys: np.ndarray, line_no, name: str) -> np.ndarray:
+    """Residue-number fields (columns 23-26) as uint32 keys, shape (n,) -> (n,) int32.
+
+    ``line_no(i)`` is the file line of ``keys[i]``, for the error message. Values already decoded
+    by an earlier load come from :data:`_RESID_MEMO`.
+    """
+    found = _RESID_MEMO.find(keys)
+    if found is None:
+        values = _decode_resid(keys, line_no, name)
+        _RESID_MEMO.add(keys, values)
+        return values
+    at, (_, values) = found
+    return values.take(at)
+
+
+def _decode_resid(keys: np.ndarray, line_no, name: str) -> np.ndarray:
+    """:func:`_parse_resid` without the memo."""
     n = keys.shape[0]
     rb = np.ascontiguousarray(keys, dtype="<u4").view(np.uint8).reshape(n, 4)
     d = rb - np.uint8(48)
@@ -711,7 +886,7 @@ def _parse_resid(keys: np.ndarray, line_no: np.ndarray, name: str) -> np.ndarray
         if v is None:
             row = int(np.flatnonzero(inverse == k)[0])
             raise InputError(
-                f"{name}: line {line_no[row]}: bad residue number {bytes(r).decode('latin-1')!r} in columns 23-26"
+                f"{name}: line {line_no(row)}: bad residue number {bytes(r).decode('latin-1')!r} in columns 23-26"
             )
         values.append(v)
     return np.asarray(values, dtype=np.int32)[inverse]
@@ -798,12 +973,14 @@ def _check_model_atoms(keys: np.ndarray, n_models: int, model_numbers: list[int]
         )
 
 
-def _parse_pdb(data: bytes, name: str, *, altloc: str, model, path: Path | None = None) -> Structure:
+def _parse_pdb(data: bytes, name: str, *, altloc: str, model, path: str | Path | None = None) -> Structure:
     """Parse PDB text into a Structure (every model a frame). See :func:`load` for the rules.
 
-    Vectorised: lines are found with one comparison over the bytes, the atom lines are copied into
-    a fixed-width byte matrix (:class:`_Rows`) and every field is a strided integer view of it;
-    Python loops run only over blocks of lines and MODEL records.
+    Vectorised: the atom lines become a fixed-width byte matrix (:class:`_Rows`) and every field is
+    a strided integer view of it; Python loops run only over blocks of lines and MODEL records.
+    The usual file, one run of equal-length ATOM/HETATM lines with no MODEL record, is recognised
+    by a few byte searches and used in place (:func:`_atom_block`); any other layout has its lines
+    found with one comparison over the bytes (:func:`_atom_lines`).
     """
     if _looks_like_mmcif(data):
         # mmCIF saved as .pdb: its atom_site loop lines also start with ATOM, so decide first.
@@ -814,9 +991,139 @@ def _parse_pdb(data: bytes, name: str, *, altloc: str, model, path: Path | None 
         data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     if not data.endswith(b"\n"):
         data += b"\n"  # so that every line, the last one too, ends at a newline
-    size = len(data)
-    if size < 5:
+    if len(data) < 5:
         raise InputError(f"{name}: no ATOM/HETATM records found (not a PDB file?)")
+    block = _atom_block(data)
+    if block is not None:
+        rows, line_no, hetero = block
+        model_id, model_numbers = None, [1]
+    else:
+        rows, atom_lines, hetero, model_id, model_numbers = _atom_lines(data, name)
+        line_no = (lambda lines: lambda i: int(lines[i]) + 1)(atom_lines)
+
+    has_alt = rows.get(16, 1) != 32
+    keep = None
+    if has_alt.any():
+        # Altlocs of one atom share model, chain, residue number, insertion code (cols 22-27) and name.
+        key_a, key_b = rows.get(21, 4), rows.get(25, 2)
+        change = np.ones(rows.n, dtype=bool)
+        change[1:] = (key_a[1:] != key_a[:-1]) | (key_b[1:] != key_b[:-1])
+        if model_id is not None:
+            change[1:] |= model_id[1:] != model_id[:-1]
+        keep = _altloc_keep(
+            np.cumsum(change), rows.get(12, 4), has_alt,
+            lambda idx: _parse_occupancy(rows.columns(54, 6, idx)), altloc,
+        )
+    if model is not None:
+        sel, model_numbers = _split_models(
+            np.zeros(rows.n, np.int64) if model_id is None else model_id, model_numbers, model, name
+        )
+        keep = sel if keep is None else keep & sel
+    if keep is not None and not keep.all():
+        idx = np.flatnonzero(keep)
+        rows, hetero = rows.take(idx), hetero[idx]
+        line_no = (lambda of, idx: lambda i: of(int(idx[i])))(line_no, idx)
+        model_id = None if model_id is None else model_id[idx]
+
+    n_models = len(model_numbers)
+    if n_models > 1:
+        counts = np.bincount(model_id, minlength=n_models)
+        _check_models(counts, model_numbers, name)
+        n = int(counts[0])
+
+        def describe(m, a):
+            row = bytes(rows.matrix[m * n + a, :21]).decode("latin-1")
+            return f"{row[12:16].strip()} {row[17:21].strip()}"
+
+        _check_model_atoms(rows.get(12, 4), n_models, model_numbers, describe, name)
+        _check_model_atoms(rows.get(17, 4), n_models, model_numbers, describe, name)
+    else:
+        n = rows.n
+
+    coords, finite = _parse_coords(rows, line_no, name)
+    coords = coords.reshape(n_models, n, 3)
+    atoms = _atom_table_from_pdb(rows, n, hetero[:n], line_no, name)
+    if finite:  # C-contiguous float32 of the table's atoms, all finite: nothing for __init__ to check
+        return Structure._from_parts(coords, atoms, name)
+    return Structure(coords, atoms, source=name)
+
+
+def _atom_block(data: bytes) -> tuple[_Rows, Callable[[int], int], np.ndarray] | None:
+    """The atom lines of the usual PDB file as rows in place, or None for any other layout.
+
+    The usual file has its ATOM/HETATM lines in one run of consecutive lines of one length, with no
+    MODEL or ENDMDL record before them (a single model). Byte searches find the first and last atom
+    line (from the front and the back, so header and trailer are skipped rather than scanned line by
+    line), and a few comparisons over the rows confirm the run: every row starts with ATOM or HETA,
+    ends at a newline, and the run holds no other newline. Then the file's own bytes are the row
+    matrix (nothing is copied) and line numbers are worked out only for an error message.
+
+    ``data`` ends with a newline and holds no carriage return.
+
+    Returns
+    -------
+    rows : _Rows
+    line_no : callable
+        ``line_no(i)``: file line (1-based) of row i.
+    hetero : np.ndarray of bool, shape (n,)
+        HETATM rows.
+    """
+    if data.startswith((b"ATOM", b"HETA")):
+        first = 0
+    else:
+        a = data.find(b"\nATOM")
+        h = data.find(b"\nHETA", 0, a if a >= 0 else len(data))
+        first = (h if h >= 0 else a) + 1
+        if first == 0 or _has_record(data, (b"MODE", b"ENDM"), 0, first):
+            return None  # no atom line at all, or MODEL/ENDMDL before them: the general reader
+    length = data.find(b"\n", first) - first  # of the first atom line: every row must have it
+    stride = length + 1
+    # The last atom line, searched from the back (the trailer - TER, CONECT, END - is short; a
+    # HETATM search from the last ATOM line on does not scan a file without any).
+    la = data.rfind(b"\nATOM", first)
+    last = max(la, data.rfind(b"\nHETA", max(la, first))) + 1
+    if last == 0:
+        last = first  # (only the first line is an atom line)
+    if length < 54 or (last - first) % stride or _has_record(data, (b"MODE",), last, len(data)):
+        return None  # (a MODEL after the atoms gives the only model its number)
+    n = (last - first) // stride + 1
+    if last + 80 > len(data):
+        # field views of the last row may read up to column 80 past its start (the values past the
+        # line's end are masked to blanks): give them bytes to read
+        data += b" " * 80
+    buf = np.frombuffer(data, dtype=np.uint8)
+    rows = _Rows(data, first, stride, n, min(length, 80) + 1)
+    rec = np.ndarray((n,), "<u4", buffer=data, offset=first, strides=(stride,))
+    hetero = rec == _REC_HETA
+    ends = np.ndarray((n,), np.uint8, buffer=data, offset=first + length, strides=(stride,))
+    if not (
+        (hetero | (rec == _REC_ATOM)).all()
+        and (ends == 10).all()
+        and np.count_nonzero(np.equal(buf[first : first + n * stride], 10, out=_scratch("scan", n * stride, bool))) == n
+    ):
+        return None
+    return rows, lambda i: data.count(b"\n", 0, first) + 1 + i, hetero
+
+
+def _has_record(data: bytes, records: tuple[bytes, ...], start: int, end: int) -> bool:
+    """Whether a line of ``data[start:end]`` (``start`` at a line start) begins with one of ``records``."""
+    for record in records:
+        at = data.find(record, start, end)
+        while at >= 0:
+            if at == start or data[at - 1] == 10:
+                return True
+            at = data.find(record, at + 1, end)
+    return False
+
+
+def _atom_lines(data: bytes, name: str):
+    """Atom lines of any PDB layout: (rows, atom_lines, hetero, model_id, model_numbers).
+
+    Lines are found with one comparison over the bytes; ``atom_lines`` (int64) are their 0-based
+    line numbers, ``model_id`` the model (0..M-1) of each (None for one model) and
+    ``model_numbers`` the MODEL serials.
+    """
+    size = len(data)
     buf = np.frombuffer(data, dtype=np.uint8)
     ends = _newlines(buf)  # line i is data[starts[i]:ends[i]]
     starts = np.empty_like(ends)
@@ -865,87 +1172,53 @@ def _parse_pdb(data: bytes, name: str, *, altloc: str, model, path: Path | None 
             model_id, model_numbers = None, [1]
 
     rows = _Rows.from_text(data, buf, s, lengths, shortest, longest)
-    has_alt = rows.get(16, 1) != 32
-    keep = None
-    if has_alt.any():
-        # Altlocs of one atom share model, chain, residue number, insertion code (cols 22-27) and name.
-        key_a, key_b = rows.get(21, 4), rows.get(25, 2)
-        change = np.ones(s.shape[0], dtype=bool)
-        change[1:] = (key_a[1:] != key_a[:-1]) | (key_b[1:] != key_b[:-1])
-        if model_id is not None:
-            change[1:] |= model_id[1:] != model_id[:-1]
-        keep = _altloc_keep(
-            np.cumsum(change), rows.get(12, 4), has_alt,
-            lambda idx: _parse_occupancy(rows.columns(54, 6, idx)), altloc,
-        )
-    if model is not None:
-        sel, model_numbers = _split_models(
-            np.zeros(s.shape[0], np.int64) if model_id is None else model_id, model_numbers, model, name
-        )
-        keep = sel if keep is None else keep & sel
-    if keep is not None and not keep.all():
-        idx = np.flatnonzero(keep)
-        rows, s, hetero, atom_lines = rows.take(idx), s[idx], hetero[idx], atom_lines[idx]
-        model_id = None if model_id is None else model_id[idx]
-
-    n_models = len(model_numbers)
-    if n_models > 1:
-        counts = np.bincount(model_id, minlength=n_models)
-        _check_models(counts, model_numbers, name)
-        n = int(counts[0])
-
-        def describe(m, a):
-            row = data[s[m * n + a] : s[m * n + a] + 21].decode("latin-1")
-            return f"{row[12:16].strip()} {row[17:21].strip()}"
-
-        _check_model_atoms(rows.get(12, 4), n_models, model_numbers, describe, name)
-        _check_model_atoms(rows.get(17, 4), n_models, model_numbers, describe, name)
-    else:
-        n = s.shape[0]
-
-    # (3, frames * atoms): x, y, z fields are three strided copies of the row matrix
-    coords = _parse_coords(rows, lambda i: atom_lines[i] + 1, name).reshape(n_models, n, 3)
-    atoms = _atom_table_from_pdb(rows, n, hetero[:n], atom_lines[:n] + 1, name)
-    return Structure(coords, atoms, source=name)
+    return rows, atom_lines, hetero, model_id, model_numbers
 
 
 def _atom_table_from_pdb(rows: _Rows, n: int, hetero, line_no, name) -> AtomTable:
+    """Atom table of the first ``n`` rows (one model)."""
     # A new residue wherever (resname, chain, resid, icode), columns 18-27, changes.
     key_a, key_b = rows.get(17, 8, n), rows.get(25, 2, n)
     new = np.empty(n, dtype=bool)
     new[0] = True
     np.not_equal(key_a[1:], key_a[:-1], out=new[1:])
     new[1:] |= key_b[1:] != key_b[:-1]
-    residue_index = np.cumsum(new, dtype=np.int32)
-    residue_index -= 1
-    rs = np.flatnonzero(new)
-    r = rs.shape[0]
-    # Atom names, residue names (once per residue) and segids (unless one for the whole file, the
-    # usual case) are decoded by one _distinct_text call: one sort instead of three.
-    name_key = rows.get(12, 4, n)
-    segid_key = rows.get(72, 4, n)
-    one_segid = bool((segid_key == segid_key[0]).all())
-    keys = [name_key, rows.get(17, 4, n)[rs]] + ([] if one_segid else [segid_key])
-    uniq, text, inverse = _distinct_text(np.concatenate(keys), 4)
-    resname_r = text[inverse[n : n + r]]
-    if one_segid:
-        segid = np.full(n, _text_of(segid_key[0], 4), dtype="<U4")
-    else:
-        segid = text[inverse[n + r :]]
-    resid = _parse_resid(rows.get(22, 4, n)[rs], line_no[rs], name)
+    rs = new.nonzero()[0]
+    # (an in-place int32 accumulate costs half of cumsum's cast from bool)
+    residue_index = new.view(np.uint8).astype(np.int32)
+    residue_index[0] = 0
+    np.add.accumulate(residue_index, out=residue_index)
+    # Atom names, residue names and guessed elements: one lookup of each row's (name, residue name)
+    # columns among the pairs earlier loads decoded (_atom_text).
+    name_key, res_key = rows.get(12, 4, n), rows.get(17, 4, n)
+    pair = res_key.astype(np.uint64)
+    pair <<= np.uint64(32)
+    pair |= name_key
+    at, names, resnames, guesses = _atom_text(pair, name_key, res_key)
     table, valid = _element_table()
     el_key = rows.get(76, 2, n)
-    element = table[el_key]
-    ok = valid[el_key]
-    if not ok.all():
-        # No element column (or junk in it): guess from the padded name for those atoms only.
+    ok = valid.take(el_key)
+    if ok.all():
+        element = table.take(el_key)
+    elif not ok.any():  # no element column (or nothing in it): every element is guessed
+        element = guesses.take(at)
+    else:  # junk in some: guess those
+        element = table.take(el_key)
         bad = np.flatnonzero(~ok)
-        element[bad] = _guess_pdb_elements(uniq, text, inverse[bad], inverse[n : n + r], residue_index[bad])
-    return AtomTable(
-        name=text[inverse[:n]],
+        element[bad] = guesses.take(at[bad])
+    segid_key = rows.get(72, 4, n)
+    if (segid_key == segid_key[0]).all():  # the usual case: one segment id (or none) for the file
+        segid = np.empty(n, dtype="<U4")
+        segid.fill(_text_of(segid_key[0], 4))
+    else:
+        _, text, inverse = _distinct_text(segid_key, 4)
+        segid = text[inverse]
+    resid = _parse_resid(rows.get(22, 4, n).take(rs), lambda k: line_no(int(rs[k])), name)
+    return AtomTable._from_arrays(
+        name=names.take(at),
         element=element,
-        resname=resname_r[residue_index],
-        resid=resid[residue_index],
+        resname=resnames.take(at),
+        resid=resid.take(residue_index),
         icode=_char_column(rows.get(26, 1, n)),
         chain=_char_column(rows.get(21, 1, n)),
         segid=segid,
@@ -1007,13 +1280,10 @@ def _guess_pdb_elements(
 
 
 def _looks_like_mmcif(data: bytes) -> bool:
-    head = data[:4096].lstrip()
-    while head.startswith(b"#"):
-        head = head.split(b"\n", 1)[-1].lstrip()
-    return head[:5].lower() == b"data_"
-
-
-def _looks_like_mmcif(data: bytes) -> bool:
+    # mmCIF opens with "data_" after blanks and '#' comment lines; a PDB file's first record
+    # (HEADER, REMARK, ATOM, ...) rules that out without copying the 4 kB head.
+    if data[:1].isalpha() and data[:1] not in (b"d", b"D"):
+        return False
     head = data[:4096].lstrip()
     while head.startswith(b"#"):
         head = head.split(b"\n", 1)[-1].lstrip()
@@ -1348,6 +1618,18 @@ def atomic_path(path):
     ------
     str
         Temporary path to write to.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> dest = os.path.join(tempfile.mkdtemp(), "notes.txt")
+    >>> with atomic_path(dest) as tmp:
+    ...     with open(tmp, "w") as fh:
+    ...         _ = fh.write("frame 0")
+    ...     print(os.path.exists(dest))  # nothing at the destination until the block ends
+    False
+    >>> open(dest).read()
+    'frame 0'
     """
     dest = Path(path)
     directory = dest.parent if str(dest.parent) else Path(".")
@@ -1426,6 +1708,16 @@ def save_array(path, data) -> Path:
     ------
     InputError
         Other suffix, or a dict given for ``.npy``.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> path = os.path.join(tempfile.mkdtemp(), "rmsd.npz")
+    >>> out = save_array(path, {"rmsd": np.zeros((3, 3), np.float32), "frame": np.arange(3)})
+    >>> with np.load(out) as z:
+    ...     print(sorted(z.files), z["frame"].tolist())
+    ['frame', 'rmsd'] [0, 1, 2]
     """
     dest = Path(path)
     suffix = dest.suffix.lower()

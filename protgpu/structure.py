@@ -128,6 +128,12 @@ def standardize_resnames(resname: np.ndarray) -> np.ndarray:
     np.ndarray of str, shape (n,)
         ``resname`` with the names in :data:`NONSTANDARD_RESNAMES` replaced by their parent amino acid
         (``HSD`` -> ``HIS``, ``CYX`` -> ``CYS``, ``MSE`` -> ``MET``, ...); other names unchanged.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> standardize_resnames(np.array(["HSD", "MSE", "ALA", "CYX", "HOH"])).tolist()
+    ['HIS', 'MET', 'ALA', 'CYS', 'HOH']
     """
     resname = np.asarray(resname, dtype=str)
     if resname.size == 0:
@@ -184,6 +190,16 @@ def guess_elements(names: np.ndarray, resnames: np.ndarray) -> np.ndarray:
     -------
     np.ndarray of str, shape (n,)
         Element symbols such as ``"C"``, ``"SE"``, ``"ZN"``; ``"X"`` when nothing fits.
+
+    Examples
+    --------
+    A protein's CA is carbon, a calcium ion's CA is calcium; ``HG1`` of leucine is hydrogen:
+
+    >>> import numpy as np
+    >>> names = np.array([" CA ", "CA  ", " HG1", "FE  ", "SE  "])
+    >>> resnames = np.array(["ALA", "CA", "LEU", "HEM", "MSE"])
+    >>> guess_elements(names, resnames).tolist()
+    ['C', 'CA', 'H', 'FE', 'SE']
     """
     names = np.asarray(names, dtype=str)
     resnames = np.asarray(resnames, dtype=str)
@@ -284,6 +300,24 @@ class AtomTable:
         # frozen=True forbids attribute assignment; the normalised arrays are set once, here.
         for k, v in fields.items():
             object.__setattr__(self, k, v)
+
+    @classmethod
+    def _from_arrays(
+        cls, *, name, element, resname, resid, icode, chain, segid, hetero, residue_index
+    ) -> AtomTable:
+        """A table from arrays that already are what ``__post_init__`` makes (internal, for loaders).
+
+        The PDB reader builds every field as a 1-D array of the final dtype ('<U' strings, int32
+        ``resid`` and ``residue_index``, bool ``hetero``), all of one length; checking and
+        normalising them again costs about as much as decoding them, so they are set as they are.
+        """
+        table = object.__new__(cls)
+        # (frozen forbids setattr, not the instance dict: one update sets the nine fields)
+        table.__dict__.update(
+            name=name, element=element, resname=resname, resid=resid, icode=icode, chain=chain, segid=segid,
+            hetero=hetero, residue_index=residue_index,
+        )
+        return table
 
     def __len__(self) -> int:
         return int(self.name.shape[0])
@@ -765,6 +799,18 @@ class Structure:
         self.time = time
 
     @classmethod
+    def _from_parts(cls, coords: np.ndarray, atoms: AtomTable, source: str | None) -> Structure:
+        """A Structure from parts that already pass every check of ``__init__`` (internal, for loaders).
+
+        ``coords`` must be C-contiguous float32 of shape (frames, len(atoms), 3) and finite; no box,
+        no time. The PDB reader knows this of what it decoded, and the checks (a pass over every
+        coordinate for finiteness among them) cost a measurable part of loading a small file.
+        """
+        s = object.__new__(cls)
+        s.coords, s.atoms, s.source, s.box, s.time = coords, atoms, source, None, None
+        return s
+
+    @classmethod
     def from_coords(cls, coords, source: str | None = None) -> Structure:
         """Wrap a bare coordinate array with a placeholder atom table.
 
@@ -781,6 +827,15 @@ class Structure:
         Returns
         -------
         Structure
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> s = Structure.from_coords(np.zeros((2, 5, 3)))
+        >>> s.n_frames, s.n_atoms, s.coords.dtype
+        (2, 5, dtype('float32'))
+        >>> s.select("resid 2-3").n_atoms
+        2
         """
         shape = np.shape(coords)
         if len(shape) not in (2, 3):
@@ -848,6 +903,14 @@ class Structure:
         -------
         np.ndarray of int64, shape (m,)
             Sorted, unique atom indices; empty when nothing matches.
+
+        Examples
+        --------
+        >>> import protgpu as pg
+        >>> s = pg.load("datasets/adk_open.pdb")
+        >>> idx = s.select_indices("resid 1 and backbone")
+        >>> idx.tolist(), s.atoms.name[idx].tolist()
+        ([0, 4, 17, 18], ['N', 'CA', 'C', 'O'])
         """
         return np.flatnonzero(_select_mask(self.atoms, selection, self.source)).astype(np.int64)
 
@@ -911,6 +974,15 @@ class Structure:
         -------
         Structure
             An int gives a single-frame Structure (coords shape (1, atoms, 3)).
+
+        Examples
+        --------
+        >>> import protgpu as pg
+        >>> traj = pg.load("datasets/adk_dims.dcd", top="datasets/adk_open.pdb")
+        >>> traj.n_frames, traj.frames(slice(0, 10, 2)).n_frames
+        (98, 5)
+        >>> traj.frames(-1).coords.shape
+        (1, 3341, 3)
         """
         f = self.n_frames
         where = self.source or "structure"
@@ -947,7 +1019,17 @@ class Structure:
         return self.frames(idx)
 
     def copy(self) -> Structure:
-        """Deep copy of coordinates, box and time; the (immutable) atom table is shared."""
+        """Deep copy of coordinates, box and time; the (immutable) atom table is shared.
+
+        Examples
+        --------
+        >>> import protgpu as pg
+        >>> s = pg.load("datasets/adk_open.pdb")
+        >>> moved = s.copy()
+        >>> moved.coords += 10.0
+        >>> round(float(moved.coords[0, 0, 0] - s.coords[0, 0, 0]), 3), moved.atoms is s.atoms
+        (10.0, True)
+        """
         return Structure(
             self.coords.copy(), self.atoms, source=self.source,
             box=None if self.box is None else self.box.copy(),
