@@ -1327,3 +1327,25 @@ def test_fake_device_condensed_strips(fake_device, rows):
     cond = np.full(41 * 40 // 2, np.nan, np.float32)
     assert sp._pairwise_cuda(x, out=cond, condensed=True) is cond  # the public streaming path
     np.testing.assert_allclose(cond, twin, atol=2e-5)
+
+
+def test_fake_device_condensed_strips_on_a_panel_grid(fake_device, monkeypatch):
+    """Panels of a fixed width on a fixed grid: strips whose first panel starts left of the diagonal,
+    several panels per strip, and the grid's last, narrower panel."""
+    monkeypatch.setattr(sp, "_STREAM_PANEL_COLS", 32)
+    rng = np.random.default_rng(9)
+    x = (rng.normal(size=(77, 6, 3)) * 4).astype(np.float64)
+    twin = sp._pairwise_numpy(x, out_dtype=np.float64)[np.triu_indices(77, 1)]
+    plan = sp._PairPlan(x, None, None, None, "float64", np.float64)
+    shapes = []
+    orig = plan.gemm
+
+    def gemm(i0, i1, j0, j1):
+        shapes.append((i1 - i0, j1 - j0))
+        return orig(i0, i1, j0, j1)
+
+    plan.gemm = gemm
+    out = np.full(77 * 76 // 2, np.nan)
+    sp._stream_condensed(plan, out, 64 << 20, rows=10)
+    np.testing.assert_allclose(out, twin, atol=1e-9)
+    assert {w for _, w in shapes} == {32, 77 - 64}  # two widths whatever the strip
