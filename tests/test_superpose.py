@@ -10,6 +10,7 @@ import importlib
 import shutil
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -1075,9 +1076,12 @@ def _fake_cupy():
         def wait_event(self, ev):
             pass
 
+        def synchronize(self):
+            pass
+
     cp = types.ModuleType("cupy")
     cp.ndarray = _FakeDeviceArray
-    cp.float64, cp.float32 = np.float64, np.float32
+    cp.float64, cp.float32, cp.int32 = np.float64, np.float32, np.int32
     cp.asarray = lambda a, dtype=None: dev(np.asarray(a, dtype=dtype))
     cp.ascontiguousarray = lambda a, dtype=None: dev(np.ascontiguousarray(a, dtype=dtype))
 
@@ -1129,6 +1133,9 @@ def fake_device(host_kernels, monkeypatch):
     monkeypatch.setattr(sp, "_WARP_THREADS", 64)  # fewer host threads per block; kernels use blockDim
     monkeypatch.setattr(sp, "_PAIR_BLOCK", _HOST_PAIR_BLOCK)  # as the host build (PAIR_BY in the defines)
     launches = []
+    # The host emulation keeps its grid state in globals: one launch at a time (the multi-GPU path
+    # launches from several host threads).
+    emulator_lock = threading.Lock()
 
     def get_kernel(name, entry, defines=None):
         assert name == "qcp" and defines == sp._qcp_defines()
@@ -1145,8 +1152,9 @@ def fake_device(host_kernels, monkeypatch):
                 conv.append(None if a is None else np.asarray(a))
             else:
                 conv.append(loader._convert_arg(h, p, a).item())
-        launches.append((h.name, args[-1] if "pairs" in h.name or "refine" in h.name else None))
-        host_kernels.run(h.kernel, grid, block, *conv)
+        with emulator_lock:
+            launches.append((h.name, args[-1] if "pairs" in h.name or "refine" in h.name else None))
+            host_kernels.run(h.kernel, grid, block, *conv)
 
     flip = [False]
 
