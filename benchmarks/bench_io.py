@@ -7,9 +7,13 @@ machine noise hits them alike; the median of the rounds is reported. Prints a ta
 of protgpu over each anchor and writes JSON (date, git commit, machine, numbers) to
 ``benchmarks/results/io-<hostname>.json`` or ``--json PATH``.
 
+protgpu remembers the atom names, residue names and residue numbers it has decoded (they repeat
+from file to file), so after the warm-up its loads are those of a batch in its steady state;
+``--cold`` makes it forget them before every load, which times a process's first sight of a file.
+
 Usage::
 
-    python benchmarks/bench_io.py [--repeat 50] [--json out.json]
+    python benchmarks/bench_io.py [--repeat 50] [--cold] [--json out.json]
 """
 
 from __future__ import annotations
@@ -53,14 +57,18 @@ def _git_commit() -> str | None:
         return None
 
 
-def _loaders():
+def _loaders(cold: bool = False):
     import mdtraj
     from Bio.PDB import PDBParser
 
-    from protgpu.io import load
+    from protgpu.io import _clear_memos, load
+
+    def load_cold(p):
+        _clear_memos()
+        return load(p)
 
     return {
-        "protgpu": lambda p: load(p),
+        "protgpu": load_cold if cold else load,
         "mdtraj": lambda p: mdtraj.load_pdb(p),
         "biopython": lambda p: PDBParser(QUIET=True).get_structure("s", p),
     }
@@ -100,11 +108,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=30, help="timed rounds per file (default 30)")
     ap.add_argument("--json", type=Path, default=None, help="output JSON path")
+    ap.add_argument("--cold", action="store_true", help="protgpu forgets decoded names/numbers before every load")
     args = ap.parse_args(argv)
 
     # mdtraj warns about dummy CRYST1 records on every call; the timings do not need to hear it.
     warnings.simplefilter("ignore")
-    loaders = _loaders()
+    loaders = _loaders(args.cold)
     files = [f for f in FILES if f.is_file()]
     rows = [bench_file(f, loaders, args.repeat) for f in files]
 
@@ -132,6 +141,7 @@ def main(argv=None) -> int:
         },
         "versions": {"numpy": numpy.__version__, "mdtraj": mdtraj.__version__, "biopython": Bio.__version__},
         "repeat": args.repeat,
+        "protgpu_memo": "cleared before every load" if args.cold else "warm (kept across loads)",
         "statistic": "median of interleaved rounds after warm-up, milliseconds",
         "results": rows,
     }

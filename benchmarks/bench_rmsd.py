@@ -167,9 +167,9 @@ def bench_cpu_parts(x, rows, max_tiles=8):
     """Where the CPU all-vs-all time goes and how each part scales with threads, to predict other core
     counts: the centring and the QCP (on ``_pairwise_numpy``'s pool) on 1 thread and on every core, and
     the GEMM of every tile through NumPy's BLAS (its own threads). The QCP is timed on up to
-    ``max_tiles`` tiles (each tile's 3x3 blocks take 19 MB), on every core with groups of
-    ``_QCP_CHUNK_PAIRS`` pairs and 4x that (fewer GIL hand-overs per pair; ``_qcp_group`` picks the
-    size by the number of threads)."""
+    ``max_tiles`` tiles (each tile's 3x3 blocks take 19 MB): on 1 thread with the single-thread groups,
+    on every core with the pool's groups (``_qcp_group``) and with ``_QCP_CHUNK_PAIRS`` (the GIL
+    hand-overs per pair are what the group size trades against cache)."""
     import concurrent.futures as cf
 
     f, n = x.shape[:2]
@@ -181,31 +181,26 @@ def bench_cpu_parts(x, rows, max_tiles=8):
     blocks = [a[3 * i0:3 * i1] @ a[3 * j0:3 * j1].T for i0, i1, j0, j1 in sample]
     n_pairs = sum((i1 - i0) * (i1 - i0 - 1) // 2 if i0 == j0 else (i1 - i0) * (j1 - j0) for i0, i1, j0, j1 in sample)
 
-    def qcp(pool):
+    def qcp(pool, group):
         for bl, (i0, i1, j0, j1) in zip(blocks, sample, strict=True):
-            sp._qcp_tile_numpy(bl, g[i0:i1], g[j0:j1], 1.0 / n, upper=i0 == j0, pool=pool)
+            sp._qcp_tile_numpy(bl, g[i0:i1], g[j0:j1], 1.0 / n, upper=i0 == j0, pool=pool, group=group)
 
+    base, used = sp._QCP_CHUNK_PAIRS, sp._qcp_group(threads)
     t_c1 = time_cpu(lambda: sp._centre_frames_numpy(x, None, None), repeat=3)
-    t_q1 = time_cpu(lambda: qcp(None), repeat=3)
+    t_q1 = time_cpu(lambda: qcp(None, base), repeat=3)
     with cf.ThreadPoolExecutor(threads) as pool:
         t_cn = time_cpu(lambda: sp._centre_frames_numpy(x, None, None, pool), repeat=3)
-        t_qn = time_cpu(lambda: qcp(pool), repeat=3)
-        default = sp._QCP_CHUNK_PAIRS
-        try:
-            sp._QCP_CHUNK_PAIRS = 4 * default
-            t_qn4 = time_cpu(lambda: qcp(pool), repeat=3)
-        finally:
-            sp._QCP_CHUNK_PAIRS = default
-    used = sp._qcp_group(threads)
-    q1, qn, qn4 = (n_pairs / t["median_s"] for t in (t_q1, t_qn, t_qn4))
+        t_qn = time_cpu(lambda: qcp(pool, used), repeat=3)
+        t_qb = time_cpu(lambda: qcp(pool, base), repeat=3)
+    q1, qn, qb = (n_pairs / t["median_s"] for t in (t_q1, t_qn, t_qb))
     rows.append({"case": f"all-vs-all {f}x{n} CPU parts",
                  "tool": f"protgpu CPU: centre {t_c1['median_s'] * 1e3:.1f} -> {t_cn['median_s'] * 1e3:.1f} ms "
                          f"(1 -> {threads} threads); GEMM {t_gemm['median_s']:.3f} s (BLAS threads, all tiles); "
-                         f"QCP {q1:.3g} -> {qn:.3g} pairs/s (x{qn / q1:.2f}; groups of {4 * default}: {qn4:.3g}; "
-                         f"the pool uses {used})",
+                         f"QCP {q1:.3g} -> {qn:.3g} pairs/s (x{qn / q1:.2f}, groups of {base} -> {used}; "
+                         f"{threads} threads with groups of {base}: {qb:.3g})",
                  "threads": threads, "centre_1thread_s": t_c1["median_s"], "centre_s": t_cn["median_s"],
                  "gemm_s": t_gemm["median_s"], "qcp_1thread_pairs_per_s": q1, "qcp_pairs_per_s": qn,
-                 "qcp_pairs_per_s_groups_x4": qn4, "qcp_thread_scaling": qn / q1, "qcp_group_used": used})
+                 "qcp_pairs_per_s_small_groups": qb, "qcp_thread_scaling": qn / q1, "qcp_group": used})
 
 
 def bench_pairwise(f, n, rows, use_gpu, quick):
@@ -220,6 +215,8 @@ def bench_pairwise(f, n, rows, use_gpu, quick):
         rows.append({"case": f"accuracy {prec} GEMM (60x60, CPU twin)", "tool": "protgpu",
                      "max_err_A": float(np.abs(d - ref)[off].max()), "self_rmsd_A": float(np.abs(np.diag(d)).max())})
     # Anchors first: OpenBLAS threads still spinning after protgpu's GEMMs would slow MDTraj's OpenMP.
+    # The accuracy rows above ran GEMMs too: give OpenBLAS's threads time to go to sleep (they spin for
+    # ~0.1 s; on 2 cores the --quick loop otherwise measured 40x below MDTraj's own speed).
     md_pairs_per_s = None
     try:
         import mdtraj as md
@@ -227,6 +224,7 @@ def bench_pairwise(f, n, rows, use_gpu, quick):
         traj = mdtraj_traj(x)
         traj.center_coordinates()
         n_ref = 10 if quick else 40
+        time.sleep(0.5)
         md.rmsd(traj, traj, 0, precentered=True)
         t0 = time.perf_counter()
         for j in range(n_ref):

@@ -5,10 +5,13 @@ arrays atomically.
 
 * PDB (``.pdb``, ``.ent``, and ``.gz`` of them) is parsed by a vectorised fixed-column NumPy reader
   of the ATOM/HETATM/MODEL/ENDMDL records (:func:`_parse_pdb`), not by gemmi (gemmi's reader plus
-  flattening costs about 2.5 ms for a 3.5k-atom file). The file's bytes are cut into lines with
-  one NumPy comparison, the atom lines become a fixed-width byte matrix (the file's own bytes when
-  the lines are consecutive and of one length, :class:`_Rows`), every field is a strided integer
-  view of it, and the text is decoded with array arithmetic (once per distinct value for names).
+  flattening costs about 2.5 ms for a 3.5k-atom file). The atom lines become a fixed-width byte
+  matrix (:class:`_Rows`) whose fields are views of one structured array: for the usual file, one
+  run of equal-length ATOM/HETATM lines, the file's own bytes, found by a few byte searches
+  (:func:`_atom_block`); otherwise the lines are cut with one NumPy comparison and copied
+  (:func:`_atom_lines`). Coordinates are decoded with integer word arithmetic; atom names,
+  residue names, guessed elements and residue numbers are looked up among those earlier loads
+  decoded (:class:`_KeyMemo`), so a load costs a fixed ~90 NumPy calls plus work per byte.
   ``benchmarks/bench_io.py`` compares it with ``mdtraj.load_pdb`` and Biopython's ``PDBParser``.
   Atoms stay exactly in file order, which a trajectory's atoms follow. Coordinates not in the
   standard ``%8.3f`` layout go through NumPy's string-to-float conversion instead. A ``.pdb``
@@ -28,6 +31,7 @@ the line, model or frame when known); no gemmi or mdtraj exception escapes unwra
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import os
 import stat
@@ -343,6 +347,18 @@ _SCRATCH_MAX = 16 << 20  # bytes; larger work arrays are allocated per call
 _SCAN_BLOCK = 1 << 16
 
 
+def _all(mask: np.ndarray) -> bool:
+    """``mask.all()`` for a contiguous bool array, as a search for a zero byte in a copy of its bytes:
+    a third of the cost of NumPy's reduction for the arrays of a small file (whose per-call overhead
+    is most of the cost)."""
+    return b"\x00" not in mask.tobytes()
+
+
+def _any(mask: np.ndarray) -> bool:
+    """``mask.any()`` for a contiguous bool array (see :func:`_all`)."""
+    return b"\x01" in mask.tobytes()
+
+
 def _newlines(buf: np.ndarray) -> np.ndarray:
     """Positions of the newline bytes of ``buf``, int64, found a block at a time."""
     if buf.shape[0] <= _SCAN_BLOCK:
@@ -625,10 +641,19 @@ class _KeyMemo:
             return None
         return at, state
 
-    def add(self, keys: np.ndarray, *values: np.ndarray) -> None:
-        """Remember ``values[j][i]`` for ``keys[i]`` (keys may repeat; the first value is kept)."""
+    def clear(self) -> None:
+        """Forget every key."""
+        self.state = tuple(a[:0] for a in self.state)
+
+    def add(self, keys: np.ndarray, *values: np.ndarray, unique: bool = False) -> None:
+        """Remember ``values[j][i]`` for ``keys[i]`` (keys may repeat; the first value is kept).
+        ``unique``: the keys are sorted and distinct already (np.unique's), for a shortcut when
+        nothing is known yet."""
         known, *old = self.state
         if known.size >= self.limit:
+            return
+        if unique and not known.size and keys.dtype == known.dtype:
+            self.state = (keys, *(v.astype(o.dtype, copy=False) for o, v in zip(old, values, strict=True)))
             return
         keys = np.concatenate([known, keys.astype(known.dtype, copy=False)])
         # known keys first: np.unique's first occurrences keep the values remembered before
@@ -637,15 +662,23 @@ class _KeyMemo:
         self.state = (uniq, *merged)
 
 
-# (atom name key | residue name key << 32), columns 13-16 and 18-21 -> atom name, residue name
-# (stripped '<U4') and the element guessed from them ('<U2', for atoms without an element column).
-_ATOM_MEMO = _KeyMemo(np.uint64, "<U4", "<U4", "<U2")
+# (atom name key | residue name key << 32), columns 13-16 and 18-21 -> atom name and residue
+# name (stripped '<U4'); and -> the element guessed from them ('<U2'), for atoms without an element
+# column (a separate memo: files with element columns never guess).
+_ATOM_MEMO = _KeyMemo(np.uint64, "<U4", "<U4")
+_GUESS_MEMO = _KeyMemo(np.uint64, "<U2")
 # Residue-number fields (columns 23-26) -> int32.
 _RESID_MEMO = _KeyMemo(np.uint32, np.int32)
 
 
+def _clear_memos() -> None:
+    """Forget what earlier loads decoded (for tests, and benchmarks of a first load)."""
+    for memo in (_ATOM_MEMO, _GUESS_MEMO, _RESID_MEMO):
+        memo.clear()
+
+
 def _atom_text(pair: np.ndarray, name_key: np.ndarray, res_key: np.ndarray):
-    """Atom name, residue name and guessed element of every row, as indexes into small tables.
+    """Atom and residue name of every row, as indexes into two small tables.
 
     Parameters
     ----------
@@ -658,22 +691,35 @@ def _atom_text(pair: np.ndarray, name_key: np.ndarray, res_key: np.ndarray):
     -------
     at : np.ndarray of intp, shape (n,)
     names, resnames : np.ndarray of '<U4'
-    elements : np.ndarray of '<U2'
-        Row i has atom name ``names[at[i]]``, residue name ``resnames[at[i]]`` and, should its
-        element column be empty, element ``elements[at[i]]`` (:func:`_guess_pdb_elements`).
+        Row i has atom name ``names[at[i]]`` and residue name ``resnames[at[i]]``.
     """
     found = _ATOM_MEMO.find(pair)
     if found is not None:
-        at, (_, names, resnames, elements) = found
-        return at, names, resnames, elements
+        at, (_, names, resnames) = found
+        return at, names, resnames
     # New pairs: decode the distinct ones (names and residue names in one sort) and remember them.
     uniq, first, at = np.unique(pair, return_index=True, return_inverse=True)
     k = uniq.shape[0]
-    keys, text, inverse = _distinct_text(np.concatenate([name_key[first], res_key[first]]), 4)
+    _, text, inverse = _distinct_text(np.concatenate([name_key[first], res_key[first]]), 4)
     names, resnames = text[inverse[:k]], text[inverse[k:]]
+    _ATOM_MEMO.add(uniq, names, resnames, unique=True)
+    return at.ravel(), names, resnames
+
+
+def _guessed_elements(pair: np.ndarray, name_key: np.ndarray, res_key: np.ndarray) -> np.ndarray:
+    """Elements ('<U2', shape (n,)) guessed from the atom and residue names of rows without an
+    element column (arguments as :func:`_atom_text`), by :func:`_guess_pdb_elements` once per
+    distinct pair and remembered."""
+    found = _GUESS_MEMO.find(pair)
+    if found is not None:
+        at, (_, elements) = found
+        return elements.take(at)
+    uniq, first, at = np.unique(pair, return_index=True, return_inverse=True)
+    k = uniq.shape[0]
+    keys, text, inverse = _distinct_text(np.concatenate([name_key[first], res_key[first]]), 4)
     elements = _guess_pdb_elements(keys, text, inverse[:k], inverse[k:], np.arange(k))
-    _ATOM_MEMO.add(uniq, names, resnames, elements)
-    return at.ravel(), names, resnames, elements
+    _GUESS_MEMO.add(uniq, elements, unique=True)
+    return elements.take(at.ravel())
 
 
 def _char_table() -> np.ndarray:
@@ -744,30 +790,31 @@ def _parse_coords(rows: _Rows, line_no, name: str) -> tuple[np.ndarray, bool]:
 _COORD_CHUNK = 16384
 
 
-def _coord_forms() -> tuple[np.ndarray, np.ndarray]:
+def _coord_forms() -> np.ndarray:
     """The standard ``%8.3f`` fields with every digit written as '0', in a perfect-hash table.
 
     Such a field is k blanks (k = 0..3), an optional minus, at least one digit, a point and three
     digits: seven forms, as uint64 (first column in the low byte). ``(word * _HASH) >> 61`` puts
-    each in its own of 8 slots; the table holds the form of each slot (0 where none, which no
-    8-byte text equals) and the divisor that scales its thousandths (-1000 with a minus).
+    each in its own of 8 slots; a slot holds its form ("form", 0 where none, which no 8-byte text
+    equals) and the divisor that scales its thousandths ("divisor", -1000 with a minus). One
+    16-byte record per slot: a single ``take`` fetches both (as fast as taking one of them).
     """
-    forms = np.zeros(8, dtype=np.uint64)
-    divisor = np.ones(8, dtype=np.float32)
+    table = np.zeros(8, dtype=np.dtype({"names": ["form", "divisor"], "formats": ["<u8", "<f4"], "itemsize": 16}))
+    table["divisor"] = 1.0
     for k in range(4):
         for minus in (False, True):
             digits = 4 - k - minus
             if digits >= 1:
                 word = int.from_bytes(b" " * k + b"-" * minus + b"0" * digits + b".000", "little")
                 slot = ((word * _HASH) % (1 << 64)) >> 61
-                if forms[slot]:  # pragma: no cover - fixed by the choice of _HASH
+                if table["form"][slot]:  # pragma: no cover - fixed by the choice of _HASH
                     raise RuntimeError("coordinate form hash collision")
-                forms[slot], divisor[slot] = word, -1000.0 if minus else 1000.0
-    return forms, divisor
+                table[slot] = (word, -1000.0 if minus else 1000.0)
+    return table
 
 
 _HASH = 11830416603374763041  # odd multiplier found by search: the seven forms hash apart
-_COORD_FORMS, _COORD_DIVISOR = _coord_forms()
+_COORD_FORMS = _coord_forms()
 
 
 def _parse_coord_fields(fields: np.ndarray, out: np.ndarray, first: int, line_no, name: str) -> bool:
@@ -792,12 +839,13 @@ def _parse_coord_fields(fields: np.ndarray, out: np.ndarray, first: int, line_no
     text, d, isdig = work[: 24 * m], work[24 * m : 48 * m], work[48 * m : 72 * m].view(bool)
     np.copyto(text.view("V24"), fields)  # the rows' columns 31-54 side by side: contiguous from here on
     np.subtract(text, np.uint8(48), out=d)
-    d *= np.less(d, np.uint8(10), out=isdig)  # wrapped non-digits -> 0
+    d *= np.less(d, np.uint8(10), out=isdig).view(np.uint8)  # wrapped non-digits -> 0 (uint8 x uint8: no cast)
     form = np.subtract(text, d, out=text).view("<u8")  # (the text itself is not needed again)
     slot = np.multiply(form, np.uint64(_HASH), out=work[72 * m :].view("<u8"))
     slot >>= np.uint64(61)
     slot = slot.view(np.int64)  # 0..7
-    if (_COORD_FORMS.take(slot) == form).all():
+    expected = _COORD_FORMS.take(slot)
+    if _all(expected["form"] == form):
         # Digits to the value in thousandths inside each uint64 (first column in the low byte, the
         # point column holds 0): adjacent bytes, then 16-bit lanes, then the integer part (lane 0)
         # times 1000 plus the thousandths (lane 2), each step one multiply-shift-mask on every
@@ -814,7 +862,7 @@ def _parse_coord_fields(fields: np.ndarray, out: np.ndarray, first: int, line_no
         v >>= np.uint64(32)
         flat = out.reshape(k)
         np.copyto(flat, v, casting="unsafe")  # exact: below 2**24
-        flat /= _COORD_DIVISOR.take(slot)
+        flat /= expected["divisor"]
         return True
     raw = np.empty(24 * m, dtype=np.uint8)
     np.copyto(raw.view("V24"), fields)
@@ -1003,7 +1051,7 @@ def _parse_pdb(data: bytes, name: str, *, altloc: str, model, path: str | Path |
 
     has_alt = rows.get(16, 1) != 32
     keep = None
-    if has_alt.any():
+    if _any(has_alt):
         # Altlocs of one atom share model, chain, residue number, insertion code (cols 22-27) and name.
         key_a, key_b = rows.get(21, 4), rows.get(25, 2)
         change = np.ones(rows.n, dtype=bool)
@@ -1021,6 +1069,8 @@ def _parse_pdb(data: bytes, name: str, *, altloc: str, model, path: str | Path |
         keep = sel if keep is None else keep & sel
     if keep is not None and not keep.all():
         idx = np.flatnonzero(keep)
+        if not idx.size:  # (an ENDMDL before the first atom makes an empty model 1)
+            raise InputError(f"{name}: model {model} has no atoms")
         rows, hetero = rows.take(idx), hetero[idx]
         line_no = (lambda of, idx: lambda i: of(int(idx[i])))(line_no, idx)
         model_id = None if model_id is None else model_id[idx]
@@ -1049,14 +1099,16 @@ def _parse_pdb(data: bytes, name: str, *, altloc: str, model, path: str | Path |
 
 
 def _atom_block(data: bytes) -> tuple[_Rows, Callable[[int], int], np.ndarray] | None:
-    """The atom lines of the usual PDB file as rows in place, or None for any other layout.
+    """The atom lines of the usual PDB file as rows, or None for any other layout.
 
-    The usual file has its ATOM/HETATM lines in one run of consecutive lines of one length, with no
-    MODEL or ENDMDL record before them (a single model). Byte searches find the first and last atom
-    line (from the front and the back, so header and trailer are skipped rather than scanned line by
-    line), and a few comparisons over the rows confirm the run: every row starts with ATOM or HETA,
-    ends at a newline, and the run holds no other newline. Then the file's own bytes are the row
-    matrix (nothing is copied) and line numbers are worked out only for an error message.
+    The usual file has its ATOM/HETATM lines in one run of consecutive lines of one length, or in a
+    few such runs between other records (TER after each chain), with no MODEL or ENDMDL record
+    among or before them (a single model). Byte searches find the first and last atom line (from
+    the front and the back, so header and trailer are skipped rather than scanned line by line),
+    and a few comparisons over the rows confirm the layout: every row starts with ATOM or HETA,
+    ends at a newline, and holds no other newline. One run is used in place (nothing is copied);
+    several are copied next to each other (one copy per run; more than ``_MAX_BLOCKS`` runs go to
+    the general reader). Line numbers are worked out only for an error message.
 
     ``data`` ends with a newline and holds no carriage return.
 
@@ -1084,25 +1136,72 @@ def _atom_block(data: bytes) -> tuple[_Rows, Callable[[int], int], np.ndarray] |
     last = max(la, data.rfind(b"\nHETA", max(la, first))) + 1
     if last == 0:
         last = first  # (only the first line is an atom line)
-    if length < 54 or (last - first) % stride or _has_record(data, (b"MODE",), last, len(data)):
+    if length < 54 or _has_record(data, (b"MODE",), last, len(data)):
         return None  # (a MODEL after the atoms gives the only model its number)
-    n = (last - first) // stride + 1
-    if last + 80 > len(data):
-        # field views of the last row may read up to column 80 past its start (the values past the
-        # line's end are masked to blanks): give them bytes to read
-        data += b" " * 80
-    buf = np.frombuffer(data, dtype=np.uint8)
-    rows = _Rows(data, first, stride, n, min(length, 80) + 1)
-    rec = np.ndarray((n,), "<u4", buffer=data, offset=first, strides=(stride,))
-    hetero = rec == _REC_HETA
-    ends = np.ndarray((n,), np.uint8, buffer=data, offset=first + length, strides=(stride,))
-    if not (
-        (hetero | (rec == _REC_ATOM)).all()
-        and (ends == 10).all()
-        and np.count_nonzero(np.equal(buf[first : first + n * stride], 10, out=_scratch("scan", n * stride, bool))) == n
-    ):
+    width = min(length, 80) + 1
+    if not (last - first) % stride:
+        n = (last - first) // stride + 1
+        if last + 80 > len(data):
+            # field views of the last row may read up to column 80 past its start (the values past
+            # the line's end are masked to blanks): give them bytes to read
+            data += b" " * 80
+        found = _checked_rows(data, first, stride, n, width)
+        if found is not None:
+            return (*found[:1], lambda i: data.count(b"\n", 0, first) + 1 + i, found[1])
+    # Runs between other records (TER after each chain, usually): the first row that is not an atom
+    # line ends a run; it must be a record the reader skips (not MODEL/ENDMDL), and the next run
+    # starts after it. (Every row of the runs is checked below.)
+    runs = []
+    start, end = first, last + stride
+    while True:
+        m = (end - start) // stride
+        rec = np.ndarray((m,), "<u4", buffer=data, offset=start, strides=(stride,))
+        atom = (rec == _REC_ATOM) | (rec == _REC_HETA)
+        k = m if _all(atom) else int(np.argmin(atom))
+        runs.append((start, start + k * stride))
+        if k == m:
+            break
+        other = start + k * stride
+        if data[other : other + 4] in (b"MODE", b"ENDM") or len(runs) >= _MAX_BLOCKS:
+            return None
+        start = data.find(b"\n", other) + 1
+    if runs[-1][1] != end or len(runs) == 1:
         return None
-    return rows, lambda i: data.count(b"\n", 0, first) + 1 + i, hetero
+    n = sum(e - b for b, e in runs) // stride
+    text = _scratch("rows", n * stride + 80, np.uint8)
+    buf = np.frombuffer(data, dtype=np.uint8)
+    at, row_of_run = 0, []
+    for b, e in runs:
+        row_of_run.append(at // stride)
+        text[at : at + e - b] = buf[b:e]
+        at += e - b
+    text[at:] = 32  # 80 blanks after the last row: a field view may read up to column 80
+    found = _checked_rows(text, 0, stride, n, width)
+    if found is None:
+        return None
+
+    def line_no(i: int) -> int:
+        k = bisect.bisect_right(row_of_run, i) - 1
+        return data.count(b"\n", 0, runs[k][0]) + 1 + i - row_of_run[k]
+
+    return found[0], line_no, found[1]
+
+
+def _checked_rows(buffer, base: int, stride: int, n: int, width: int) -> tuple[_Rows, np.ndarray] | None:
+    """``n`` rows of ``stride`` bytes at ``base`` of ``buffer`` as :class:`_Rows`, and their HETATM
+    mask, if every row starts with ATOM or HETA and is one line (a newline at its end and none
+    before); else None."""
+    rec = np.ndarray((n,), "<u4", buffer=buffer, offset=base, strides=(stride,))
+    hetero = rec == _REC_HETA
+    ends = np.ndarray((n,), np.uint8, buffer=buffer, offset=base + stride - 1, strides=(stride,))
+    text = np.frombuffer(buffer, dtype=np.uint8, count=n * stride, offset=base)
+    if (
+        _all(hetero | (rec == _REC_ATOM))
+        and _all(ends == 10)
+        and np.count_nonzero(np.equal(text, 10, out=_scratch("scan", n * stride, bool))) == n
+    ):
+        return _Rows(buffer, base, stride, n, width), hetero
+    return None
 
 
 def _has_record(data: bytes, records: tuple[bytes, ...], start: int, end: int) -> bool:
@@ -1188,26 +1287,27 @@ def _atom_table_from_pdb(rows: _Rows, n: int, hetero, line_no, name) -> AtomTabl
     residue_index = new.view(np.uint8).astype(np.int32)
     residue_index[0] = 0
     np.add.accumulate(residue_index, out=residue_index)
-    # Atom names, residue names and guessed elements: one lookup of each row's (name, residue name)
-    # columns among the pairs earlier loads decoded (_atom_text).
+    # Atom names and residue names (and guessed elements): one lookup of each row's (name, residue
+    # name) columns among the pairs earlier loads decoded (_atom_text, _guessed_elements).
     name_key, res_key = rows.get(12, 4, n), rows.get(17, 4, n)
     pair = res_key.astype(np.uint64)
     pair <<= np.uint64(32)
     pair |= name_key
-    at, names, resnames, guesses = _atom_text(pair, name_key, res_key)
+    at, names, resnames = _atom_text(pair, name_key, res_key)
     table, valid = _element_table()
     el_key = rows.get(76, 2, n)
     ok = valid.take(el_key)
-    if ok.all():
+    if _all(ok):
         element = table.take(el_key)
-    elif not ok.any():  # no element column (or nothing in it): every element is guessed
-        element = guesses.take(at)
+    elif not _any(ok):  # no element column (or nothing in it): every element is guessed
+        element = _guessed_elements(pair, name_key, res_key)
     else:  # junk in some: guess those
         element = table.take(el_key)
         bad = np.flatnonzero(~ok)
-        element[bad] = guesses.take(at[bad])
+        element[bad] = _guessed_elements(pair[bad], name_key[bad], res_key[bad])
     segid_key = rows.get(72, 4, n)
-    if (segid_key == segid_key[0]).all():  # the usual case: one segment id (or none) for the file
+    segid_bytes = segid_key.tobytes()
+    if segid_bytes == segid_bytes[:4] * n:  # the usual case: one segment id (or none) for the file
         segid = np.empty(n, dtype="<U4")
         segid.fill(_text_of(segid_key[0], 4))
     else:

@@ -107,6 +107,7 @@ _MIRROR, _ZERO_DIAG, _UPPER_ONLY, _CONDENSED = 1, 2, 4, 8
 # CPU path. Each chunk or group is one task for the worker threads; none of these sizes depends on the
 # number of threads, so neither do the results.
 _CPU_TILE = 512  # frames per all-vs-all tile side: the tile's GEMM blocks are 9 * 512^2 float64 (19 MB)
+_CPU_CHUNK_BYTES = 96 << 20  # float64 working set of one chunk of frames moved by superpose()
 _QCP_CHUNK_PAIRS = 8192  # pairs (or frames) per vectorised QCP call: ~30 float64 temporaries in cache
 _CACHE_CHUNK_BYTES = 8 << 20  # float64 working set of one chunk of frames (centring, moments, moving)
 
@@ -674,29 +675,14 @@ def _moments_numpy(x, ops: _MomentOperands):
     ``W |c - s|^2`` of the size of the frame's spread, wherever it lies, so the subtraction loses no
     more than a few bits; the frame needs no separate centroid pass.
     """
-    return _moments_finish(*_moments_shift(x, ops), ops)
-
-
-def _moments_shift(x, ops: _MomentOperands):
-    """The first half of :func:`_moments_numpy`, which calls no BLAS (it can run on worker threads
-    while BLAS, threaded itself, makes another chunk's GEMM): the shifted frames ``d`` flattened
-    (F, 3N) float64, the shift ``s`` (F, 3), and ``Q`` (F,) when unweighted (else None: a GEMV)."""
     f, n = x.shape[:2]
     xd = np.array(x, dtype=np.float64)  # a copy: shifted in place below
     s = xd[:, 0, :].copy()
     for k in range(3):  # one strided pass per coordinate (a (F, 1, 3) broadcast is ~5x slower)
         xd[:, :, k] -= s[:, k, None]
     flat = xd.reshape(f, 3 * n)
-    q = np.einsum("fk,fk->f", flat, flat) if ops.w3 is None else None
-    return flat, s, q
-
-
-def _moments_finish(flat, s, q, ops: _MomentOperands):
-    """The second half of :func:`_moments_numpy`: the GEMM (and the weighted GEMV) and the 13 numbers."""
-    f = flat.shape[0]
     r = flat @ ops.wmat
-    if q is None:
-        q = (flat * flat) @ ops.w3
+    q = np.einsum("fk,fk->f", flat, flat) if ops.w3 is None else (flat * flat) @ ops.w3
     cs = r[:, 9:] * ops.inv_w
     m = r[:, :9].reshape(f, 3, 3) - cs[:, :, None] * ops.wyc_sum[None, None, :]
     ga = np.maximum(q - np.einsum("fi,fi->f", cs, cs) / ops.inv_w, 0.0)
@@ -713,13 +699,11 @@ def _direct_rmsd_numpy(xs, cx, rot, yc, w, inv_w):
     return np.sqrt((sq.sum(axis=1) if w is None else sq @ w) * inv_w)
 
 
-def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_coords=False,
-                threads: int | None = None):
+def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_coords=False):
     """The NumPy twin of :func:`rmsd` / :func:`superpose` (also their CPU path).
 
-    Frame chunks (moments, QCP, re-measures, moved coordinates) run on a pool of ``threads`` threads
-    when there are several; every frame's numbers are the same for any ``threads`` (the chunks do not
-    depend on it, and every step is per frame).
+    One thread (BLAS threads the moments' GEMM): a pool over frame chunks was measured slower on 2
+    cores with OpenBLAS's default threads, its threaded GEMM then being called from several threads.
 
     Parameters
     ----------
@@ -734,24 +718,12 @@ def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_co
         Weights of the fitted and measured atoms.
     want_coords : bool
         Also return all atoms of ``x`` moved onto the reference.
-    threads : int, optional
-        Worker threads (default: the usable CPU cores); the result does not depend on it.
 
     Returns
     -------
     rmsd (F,) float64, rotation (F, 3, 3) float64, translation (F, 3) float64, coords (F, N, 3) of
     ``x``'s float dtype or None.
     """
-    n_threads = _cpu_threads() if threads is None else max(1, int(threads))
-    # A pool only where there are several cache-sized chunks of frames to share out.
-    if n_threads > 1 and x.shape[0] * x.shape[1] * 3 * 8 * 2 >= 4 * _CACHE_CHUNK_BYTES:
-        with concurrent.futures.ThreadPoolExecutor(n_threads, thread_name_prefix="protgpu-rmsd") as pool:
-            return _rmsd_numpy_run(x, ref, fit, meas, w_fit, w_meas, want_coords, pool, n_threads)
-    return _rmsd_numpy_run(x, ref, fit, meas, w_fit, w_meas, want_coords, None, 1)
-
-
-def _rmsd_numpy_run(x, ref, fit, meas, w_fit, w_meas, want_coords, pool, n_threads):
-    """:func:`_rmsd_numpy` with its pool of ``n_threads`` threads (or None: all in this thread)."""
     ref_fit, ref_meas = ref
     f, n = x.shape[:2]
     yc, cy, gb, inv_w = _centre_reference(ref_fit, w_fit)
@@ -759,54 +731,29 @@ def _rmsd_numpy_run(x, ref, fit, meas, w_fit, w_meas, want_coords, pool, n_threa
     # 1. Moments, in chunks small enough for the float64 copy to stay in cache.
     cx, ga, m = np.empty((f, 3)), np.empty(f), np.empty((f, 3, 3))
     chunk = rows_per_chunk(len(yc) * 3 * 8 * 2, f, _CACHE_CHUNK_BYTES)
-
-    def shift(f0):
+    for f0 in range(0, f, chunk):
         f1 = min(f, f0 + chunk)
-        return _moments_shift(x[f0:f1] if fit is None else x[f0:f1, fit], ops)
-
-    # The shifted copies on the pool (a bounded number ahead), each chunk's GEMM here, in order: BLAS
-    # threads its GEMM over the cores itself, and is not called from several threads at once.
-    starts = range(0, f, chunk)
-    ahead = 2 * n_threads if pool is not None else 0
-    pending = [pool.submit(shift, f0) for f0 in starts[:ahead]] if pool is not None else []
-    for k, f0 in enumerate(starts):
-        if pool is None:
-            prepared = shift(f0)
-        else:
-            prepared = pending[k].result()
-            pending[k] = None  # drop the chunk's copy once used
-            if k + ahead < len(starts):
-                pending.append(pool.submit(shift, starts[k + ahead]))
-        f1 = min(f, f0 + chunk)
-        cx[f0:f1], ga[f0:f1], m[f0:f1] = _moments_finish(*prepared, ops)
+        xf = x[f0:f1] if fit is None else x[f0:f1, fit]
+        cx[f0:f1], ga[f0:f1], m[f0:f1] = _moments_numpy(xf, ops)
     # 2. QCP (13 numbers per frame), in groups of frames whose temporaries stay in cache.
     r, rot = np.empty(f), np.empty((f, 3, 3))
-
-    group = _qcp_group(n_threads)
-
-    def qcp(f0):
-        f1 = min(f, f0 + group)
+    for f0 in range(0, f, _QCP_CHUNK_PAIRS):
+        f1 = min(f, f0 + _QCP_CHUNK_PAIRS)
         r[f0:f1], rot[f0:f1] = _qcp_full(m[f0:f1], ga[f0:f1], gb, inv_w)
-
-    _run(pool, qcp, range(0, f, group))
     t = cy - np.einsum("fij,fj->fi", rot, cx)
     if ref_meas is None:
         # Near-identical frames: re-measure without the cancellation (module notes).
         small = np.flatnonzero(r * r <= _DIRECT_TAU * (ga + gb) * inv_w)
         chunk = rows_per_chunk(len(yc) * 3 * 8 * 3, max(small.size, 1), _CACHE_CHUNK_BYTES)
-
-        def direct(k0):
+        for k0 in range(0, small.size, chunk):
             sel = small[k0:k0 + chunk]
             xs = x[sel] if fit is None else x[sel][:, fit]
             r[sel] = _direct_rmsd_numpy(xs, cx[sel], rot[sel], yc, w_fit, inv_w)
-
-        _run(pool, direct, range(0, small.size, chunk))
     # 3. Measured atoms other than the fitted ones, and the moved coordinates.
     coords = np.empty(x.shape, dtype=_float_dtype(x.dtype)) if want_coords else None
     if ref_meas is not None or want_coords:
-        chunk = rows_per_chunk(max(n, 1) * 3 * 8 * 3, f, _CACHE_CHUNK_BYTES)
-
-        def moved(f0):
+        chunk = rows_per_chunk(max(n, 1) * 3 * 8 * 3, f, _CPU_CHUNK_BYTES)
+        for f0 in range(0, f, chunk):
             f1 = min(f, f0 + chunk)
             rt = rot[f0:f1].transpose(0, 2, 1)
             if ref_meas is not None:
@@ -818,8 +765,6 @@ def _rmsd_numpy_run(x, ref, fit, meas, w_fit, w_meas, want_coords, pool, n_threa
                     r[f0:f1] = np.sqrt(np.einsum("fni,fni,n->f", d, d, w_meas) / w_meas.sum())
             if want_coords:
                 coords[f0:f1] = np.matmul(np.asarray(x[f0:f1], dtype=np.float64), rt) + t[f0:f1, None, :]
-
-        _run(pool, moved, range(0, f, chunk))
     return r, rot, t, coords
 
 
@@ -1169,12 +1114,12 @@ def _run(pool, fn, items):
 
 
 def _qcp_group(threads: int) -> int:
-    """Pairs (or frames) per vectorised QCP call with ``threads`` workers: ``_QCP_CHUNK_PAIRS`` up to 7
-    threads, twice that from 8, four times from 16. Each NumPy call holds the GIL for ~1 us of Python
-    around its loop, ~25% of a group's time at 8192 pairs: with many threads the GIL rather than the
-    cores would bound the QCP, and larger groups take fewer GIL hand-overs per pair (at ~30% more time
-    per pair on one core at 4x, as their temporaries leave L2). Results do not depend on it."""
-    return _QCP_CHUNK_PAIRS << min(2, max(0, int(threads).bit_length() - 3))
+    """Pairs (or frames) per vectorised QCP call with ``threads`` workers: ``_QCP_CHUNK_PAIRS`` on one
+    thread, four times that on a pool. Each NumPy call holds the GIL for ~1 us of Python around its
+    loop, and a thread waiting for the GIL takes a wake-up to get it: with calls of ~3 us (8192 pairs)
+    two threads run no faster than one (measured), with ~12 us calls (32768 pairs) they do (1.3x on 2
+    cores), at a few % more time per pair on one core. Results do not depend on it."""
+    return _QCP_CHUNK_PAIRS if threads < 2 else 4 * _QCP_CHUNK_PAIRS
 
 
 def _qcp_tile_numpy(blocks, ga, gb, inv_w, upper: bool, pool=None, group: int | None = None):

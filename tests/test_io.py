@@ -247,6 +247,204 @@ def test_negative_zero_and_extreme_coordinates(tmp_path):
     np.testing.assert_array_equal(load(p).coords[0].view(np.uint32), expected.view(np.uint32))
 
 
+def _load_general(monkeypatch, path, **kw):
+    """load() with the one-run fast layout (_atom_block) turned off: every file takes the general reader."""
+    import protgpu.io as pio
+
+    with monkeypatch.context() as m:
+        m.setattr(pio, "_atom_block", lambda data: None)
+        return load(path, **kw)
+
+
+def _outcome(fn):
+    try:
+        s = fn()
+    except InputError as exc:
+        return str(exc)
+    return s.atoms, s.coords.view(np.uint32).tobytes(), s.coords.shape
+
+
+_ONE_RUN_VARIANTS = {
+    # name: (text of adk_open.pdb's lines -> lines, load keyword sets to try)
+    "as_is": lambda ls: ls,
+    "atoms_only_no_trailer": lambda ls: [x for x in ls if x.startswith("ATOM")],
+    "cut_73_no_trailer": lambda ls: [x[:73] for x in ls if x.startswith("ATOM")],  # field views read past the end
+    "model_in_header": lambda ls: ["MODEL        7"] + ls + ["ENDMDL"],
+    "model_after_atoms": lambda ls: ls + ["MODEL        3"],
+    "endmdl_in_header": lambda ls: ["ENDMDL"] + ls,
+    "hetatm_first": lambda ls: _retag(ls, ls.index(_first_atom(ls)), "HETATM"),
+    "hetatm_in_header": lambda ls: ls[:3] + [_first_atom(ls).replace("ATOM  ", "HETATM", 1)] + ls[3:],
+    "hetatm_after_end": lambda ls: ls + [_first_atom(ls).replace("ATOM  ", "HETATM", 1)],
+    "words_in_header": lambda ls: ["REMARK  xMODEL xENDMDL xHETATM", "REMARK 210 MODELS"] + ls,
+    "one_atom": lambda ls: [_first_atom(ls)],
+    "record_like_line_inside": lambda ls: ls[:10] + ["ATOMS"] + ls[10:],
+    "short_line_inside": lambda ls: ls[:10] + [ls[10][:60]] + ls[11:],
+    "two_lines_in_one_row": lambda ls: ls[:10] + [ls[10][:71], ls[11][:4]] + ls[12:],
+    # several runs: copied next to each other, unless a MODEL/ENDMDL or too many records lie between
+    "ter_between_chains": lambda ls: ls[:900] + ["TER    1000      GLY   899"] + ls[900:2000] + ["TER"] + ls[2000:],
+    "ter_padded_to_the_line_length": lambda ls: ls[:900] + ["TER".ljust(76)] + ls[900:],
+    "remark_between_runs": lambda ls: ls[:900] + ["REMARK  between"] + ls[900:],
+    "model_between_runs": lambda ls: ls[:900] + ["MODEL        2"] + ls[900:],
+    "endmdl_between_runs": lambda ls: ls[:900] + ["ENDMDL"] + ls[900:],
+    "ter_then_other_length": lambda ls: ls[:900] + ["TER"] + [x[:70] for x in ls[900:]],
+    "many_ters": lambda ls: [y for k, x in enumerate(ls) for y in ([x, "TER"] if k % 40 == 39 else [x])],
+}
+
+
+def _first_atom(lines):
+    return next(x for x in lines if x.startswith("ATOM"))
+
+
+def _retag(lines, k, record):
+    lines = list(lines)
+    lines[k] = record + lines[k][6:]
+    return lines
+
+
+@pytest.mark.parametrize("variant", sorted(_ONE_RUN_VARIANTS))
+def test_one_run_layout_equals_general_reader(tmp_path, monkeypatch, variant):
+    # The usual file (one run of equal-length atom lines, no MODEL before them) is read in place
+    # after a few byte searches; any doubt sends it to the general reader. Both must agree exactly,
+    # errors and model numbers included.
+    lines = _ONE_RUN_VARIANTS[variant](ADK.read_text().splitlines())
+    p = tmp_path / f"{variant}.pdb"
+    p.write_text("\n".join(lines) + "\n")
+    for kw in ({}, {"model": 1}, {"model": 3}, {"model": 7}, {"altloc": "occupancy"}):
+        assert _outcome(lambda kw=kw: load(p, **kw)) == _outcome(lambda kw=kw: _load_general(monkeypatch, p, **kw))
+
+
+@pytest.mark.parametrize(("bad_line", "columns", "text", "message"), [
+    (5, (30, 38), "  12.xyz", "bad coordinate '12.xyz'"),
+    (1500, (30, 38), "  12.xyz", "bad coordinate '12.xyz'"),
+    (2800, (22, 26), " 1x ", "bad residue number ' 1x '"),
+])
+def test_error_line_numbers_across_runs(tmp_path, bad_line, columns, text, message):
+    # rows copied from several runs (between TER records) still report their own file line
+    lines = ADK.read_text().splitlines()
+    lines = lines[:900] + ["TER"] + lines[900:2000] + ["TER    1000      GLY   899"] + lines[2000:]
+    a, b = columns
+    lines[bad_line - 1] = lines[bad_line - 1][:a] + text + lines[bad_line - 1][b:]
+    p = tmp_path / "runs.pdb"
+    p.write_text("\n".join(lines) + "\n")
+    _raises(p, rf"runs\.pdb: line {bad_line}: {message}")
+
+
+def test_memo_of_decoded_fields(tmp_path, monkeypatch):
+    # Names, residue names, guessed elements and residue numbers come from what earlier loads
+    # decoded; a cold memo, a full one (no room to add) and a warm one give the same tables.
+    import protgpu.io as pio
+
+    reference = load(ADK)
+    renamed = tmp_path / "renamed.pdb"
+    renamed.write_text(ADK.read_text().replace("CA   MET", "QQ   XYZ").replace("MET     1", "MET  A000"))
+    other = load(renamed)
+    assert other.atoms.name[4] == "QQ" and other.atoms.resname[4] == "XYZ" and other.atoms.resid[0] == 10000
+    for memo in (pio._KeyMemo, lambda *d: pio._KeyMemo(*d, limit=0)):
+        monkeypatch.setattr(pio, "_ATOM_MEMO", memo(np.uint64, "<U4", "<U4"))
+        monkeypatch.setattr(pio, "_GUESS_MEMO", memo(np.uint64, "<U2"))
+        monkeypatch.setattr(pio, "_RESID_MEMO", memo(np.uint32, np.int32))
+        for _ in range(2):
+            assert load(ADK).atoms == reference.atoms
+            assert load(renamed).atoms == other.atoms
+    assert pio._ATOM_MEMO.state[0].size == 0  # limit=0: nothing kept
+    monkeypatch.undo()
+    load(ADK)
+    pio._clear_memos()
+    assert pio._RESID_MEMO.state[0].size == 0 and load(ADK).atoms == reference.atoms
+
+
+def test_key_memo():
+    from protgpu.io import _KeyMemo
+
+    memo = _KeyMemo(np.uint32, np.int32)
+    assert memo.find(np.array([5], np.uint32)) is None
+    memo.add(np.array([7, 5, 7], np.uint32), np.array([70, 50, 71], np.int32))  # repeats: first value kept
+    at, (known, values) = memo.find(np.array([5, 7, 7], np.uint32))
+    assert values[at].tolist() == [50, 70, 70]
+    memo.add(np.array([5, 9], np.uint32), np.array([-1, 90], np.int32))  # known keys keep their value
+    at, (known, values) = memo.find(np.array([9, 5], np.uint32))
+    assert values[at].tolist() == [90, 50]
+    assert memo.find(np.array([6], np.uint32)) is None and memo.find(np.array([10], np.uint32)) is None
+    memo.clear()
+    assert memo.find(np.array([5], np.uint32)) is None and memo.state[1].dtype == np.int32
+    memo.add(np.array([2, 4], np.uint32), np.array([20, 40], np.int64), unique=True)  # np.unique output
+    at, (known, values) = memo.find(np.array([4, 2], np.uint32))
+    assert values[at].tolist() == [40, 20] and values.dtype == np.int32
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("   1.177", 1.177), ("    .123", 0.123), ("  +1.125", 1.125), ("  1.2500", 1.25), ("-100.500", -100.5)],
+)
+def test_coordinate_fields_off_the_standard_form(tmp_path, field, value):
+    # not "%8.3f" (or with a sign): NumPy's string-to-float conversion decodes them
+    p = tmp_path / "form.pdb"
+    p.write_text(f"ATOM      1  CA  ALA A   1    {field}   2.000   3.000  1.00 10.00           C\n")
+    np.testing.assert_array_equal(load(p).coords[0, 0], np.array([value, 2.0, 3.0], np.float32))
+
+
+@pytest.mark.parametrize("field", ["1 10.862", "8-1.009", "--.044 ", "  1.2.3 ", "  12,345"])
+def test_coordinate_garbage_is_an_error(tmp_path, field):
+    # digits, blanks and minus signs in the wrong places are not a number (float() says so)
+    p = tmp_path / "garbage.pdb"
+    p.write_text(
+        "ATOM      1  N   ALA A   1       1.000   2.000   3.000  1.00 10.00           N\n"
+        f"ATOM      2  CA  ALA A   1    {field}   2.000   3.000  1.00 10.00           C\n"
+    )
+    _raises(p, rf"garbage\.pdb: line 2: bad coordinate '{field.strip()}'")
+
+
+def test_float32_division_rounds_like_float64():
+    # The coordinate reader divides the value in thousandths by 1000 in float32; that equals
+    # float(text) rounded to float32 (float64 division, then rounding) for every value a "%8.3f"
+    # field can hold (0..9999999 thousandths; negatives are the same with the sign bit set).
+    for start in range(0, 10_000_000, 2_000_000):
+        v = np.arange(start, start + 2_000_000, dtype=np.int32)
+        a = v.astype(np.float32) / np.float32(1000.0)
+        b = (v / 1000.0).astype(np.float32)
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(-999_999, 9_999_999).map(lambda t: f"{t / 1000:8.3f}"),
+            st.text(alphabet=" -.+0123456789e", min_size=8, max_size=8),
+        ),
+        min_size=3,
+        max_size=30,
+    ).filter(lambda f: len(f) % 3 == 0)
+)
+def test_coordinate_fields_equal_float(fields):
+    from protgpu.io import _parse_coord_fields
+
+    m = len(fields) // 3
+    text = np.frombuffer("".join(fields).encode(), dtype="V24")
+    out = np.empty((m, 3), dtype=np.float32)
+    try:
+        expected = np.array([float(f) for f in fields], dtype=np.float64).astype(np.float32)
+    except ValueError:
+        with pytest.raises(InputError, match="bad coordinate"):
+            _parse_coord_fields(text, out, 0, lambda i: i + 1, "x.pdb")
+        return
+    _parse_coord_fields(text, out, 0, lambda i: i + 1, "x.pdb")
+    np.testing.assert_array_equal(out.ravel().view(np.uint32), expected.view(np.uint32))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(alphabet="ab./gzpdbGZ", min_size=1, max_size=14))
+def test_path_helpers_match_pathlib(text):
+    from protgpu.io import _path_name, _split_ext
+
+    assert _path_name(text) == str(Path(text))
+    suffixes = [s.lower() for s in Path(text).suffixes]
+    gz = bool(suffixes) and suffixes[-1] == ".gz"
+    if gz:
+        suffixes = suffixes[:-1]
+    assert _split_ext(Path(text)) == _split_ext(str(Path(text))) == ((suffixes[-1] if suffixes else ""), gz)
+
+
 def _atom_line(serial, name, resname, chain, resid, xyz, element="", altloc=" ", occ=1.0, icode=" ", het=False):
     rec = "HETATM" if het else "ATOM  "
     padded = f" {name:<3s}" if len(name) < 4 and len(element) < 2 else f"{name:<4s}"

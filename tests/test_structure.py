@@ -427,3 +427,19 @@ def test_parser_case_and_whitespace_insensitive(adk, x):
 def test_resid_range_matches_numpy(adk, lo, hi):
     expected = np.flatnonzero((adk.atoms.resid >= min(lo, hi)) & (adk.atoms.resid <= max(lo, hi)))
     np.testing.assert_array_equal(adk.select_indices(f"resid {lo}:{hi}"), expected)
+
+
+def test_internal_constructors_equal_the_checked_ones(adk):
+    # The PDB reader builds tables and structures from parts it knows are valid, skipping the
+    # checks; the results must be indistinguishable from the checked constructors' ones.
+    a = adk.atoms
+    fields = {f: getattr(a, f) for f in ("name", "element", "resname", "resid", "icode", "chain", "segid", "hetero")}
+    fast = AtomTable._from_arrays(**fields, residue_index=a.residue_index)
+    checked = AtomTable(**fields)
+    assert fast == checked and len(fast) == len(checked) and fast.n_residues == checked.n_residues
+    np.testing.assert_array_equal(fast.std_resname, checked.std_resname)
+    assert fast.codes("name")[0].tolist() == checked.codes("name")[0].tolist()
+    s = Structure._from_parts(adk.coords, fast, adk.source)
+    assert repr(s) == repr(adk) and s.box is None and s.time is None
+    assert s.select("ca").atoms == adk.select("ca").atoms
+    np.testing.assert_array_equal(s.frames(0).coords, adk.coords)

@@ -367,21 +367,23 @@ def test_thread_count_does_not_change_results(threads, monkeypatch, tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "c.npy"), one[np.triu_indices(45, 1)])
 
 
-def test_rmsd_thread_count_does_not_change_results(monkeypatch):
-    """rmsd()/superpose()'s CPU path over frame chunks on a pool (chunks of 4-6 frames here): bitwise
-    equal to one thread, with a self frame (re-measured), weights, fit and measured atoms."""
-    monkeypatch.setattr(sp, "_CACHE_CHUNK_BYTES", 24 * 3 * 8 * 3 * 4)
-    monkeypatch.setattr(sp, "_QCP_CHUNK_PAIRS", 7)
+def test_rmsd_qcp_groups_do_not_change_results(monkeypatch):
+    """rmsd()/superpose()'s CPU path runs the QCP on groups of frames (and the moments on chunks): the
+    same bits with groups of 7 frames and chunks of 4 as with one of each, with a self frame
+    (re-measured), weights, fit and measured atoms."""
     x = _threads_input().astype(np.float32)
     ref = np.asarray(x[3], dtype=np.float64)
     w = np.random.default_rng(4).uniform(0.5, 2, 24)
     fit, meas = np.arange(0, 24, 2), np.arange(5, 20)
-    for args, kw in (((x, (ref, None)), {}),
-                     ((x, (ref[fit], ref[meas])), {"fit": fit, "meas": meas, "w_fit": w[fit], "w_meas": w[meas]})):
-        one = sp._rmsd_numpy(*args, **kw, want_coords=True, threads=1)
-        for got, want in zip(sp._rmsd_numpy(*args, **kw, want_coords=True, threads=3), one, strict=True):
-            np.testing.assert_array_equal(got, want)
-    assert one[0].shape == (45,)
+    cases = (((x, (ref, None)), {}),
+             ((x, (ref[fit], ref[meas])), {"fit": fit, "meas": meas, "w_fit": w[fit], "w_meas": w[meas]}))
+    whole = [sp._rmsd_numpy(*args, **kw, want_coords=True) for args, kw in cases]
+    monkeypatch.setattr(sp, "_CACHE_CHUNK_BYTES", 24 * 3 * 8 * 3 * 4)
+    monkeypatch.setattr(sp, "_QCP_CHUNK_PAIRS", 7)
+    for (args, kw), want in zip(cases, whole, strict=True):
+        for got, exp in zip(sp._rmsd_numpy(*args, **kw, want_coords=True), want, strict=True):
+            np.testing.assert_array_equal(got, exp)
+    assert whole[0][0].shape == (45,) and whole[0][0][3] < 1e-12
 
 
 def test_pairwise_worker_error_propagates(monkeypatch):
