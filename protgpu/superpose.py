@@ -75,13 +75,14 @@ coordinates onto the reference as ``aligned = mobile @ R.T + t`` (``R @ x_i + t`
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import functools
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ._array import dispatch, is_cupy_array, to_numpy
-from ._memory import check_host_fits, device_budget_bytes, format_bytes, rows_per_chunk
-from .contacts import _cpu_threads
+from ._memory import _cpu_threads, check_host_fits, device_budget_bytes, format_bytes, rows_per_chunk
 from .errors import InputError, MemoryBudgetError
 
 __all__ = ["SuperposeResult", "pairwise_rmsd", "rmsd", "superpose"]
@@ -783,9 +784,17 @@ _PAIR_BLOCK = (32, 8)  # qcp_pairs_* blocks: PAIR_BX (fixed: a warp) x PAIR_BY (
 
 
 def _qcp_defines():
-    return {"QCP_MAX_ITERS": _MAX_ITERS, "QCP_SLOW_ITERS": _SLOW_ITERS, "QCP_NEWTON_RTOL": repr(_NEWTON_RTOL),
-            "QCP_NEWTON_FLAT": repr(_NEWTON_FLAT), "QCP_ADJ_TINY": repr(_ADJ_TINY),
-            "QCP_JACOBI_SWEEPS": _JACOBI_SWEEPS, "PAIR_BY": _PAIR_BLOCK[1], "MOMENT_LANES": _MOMENT_LANES}
+    """qcp.cu's #defines from this module's constants (read on every call: tests change them)."""
+    return _qcp_defines_of(_MAX_ITERS, _SLOW_ITERS, _NEWTON_RTOL, _NEWTON_FLAT, _ADJ_TINY, _JACOBI_SWEEPS,
+                           _PAIR_BLOCK[1], _MOMENT_LANES)
+
+
+@functools.cache
+def _qcp_defines_of(max_iters, slow_iters, rtol, flat, adj_tiny, sweeps, pair_by, lanes):
+    # Built once per set of values: kernels are looked up on every call, and the repr()s are not free.
+    return {"QCP_MAX_ITERS": max_iters, "QCP_SLOW_ITERS": slow_iters, "QCP_NEWTON_RTOL": repr(rtol),
+            "QCP_NEWTON_FLAT": repr(flat), "QCP_ADJ_TINY": repr(adj_tiny), "QCP_JACOBI_SWEEPS": sweeps,
+            "PAIR_BY": pair_by, "MOMENT_LANES": lanes}
 
 
 def _kernel(entry):
@@ -812,6 +821,34 @@ def _reference_operands(yc, w):
     return ref, wyc
 
 
+# The last reference of each device, as _rmsd_cuda's kernels read it: rmsd() against one reference is
+# often called again and again (trajectory chunks, or a loop over inputs), and centring and uploading
+# it costs more host time than the kernels take on 10^5 frames.
+_REFERENCE_MEMO: dict = {}
+
+
+def _reference_on_device(ref_fit, w_fit, fit):
+    """``((cy, gb, inv_w), wyc, ref_d, idx_d)`` for :func:`_rmsd_cuda` on the current device: the
+    reference centred with the fit weights (:func:`_centre_reference`, :func:`_reference_operands`),
+    its kernel operands uploaded, and the fitted atoms' indices uploaded (None for all). Memoised per
+    device on the exact bytes of the reference, weights and indices (the last one only)."""
+    import cupy as cp
+
+    key = (ref_fit.tobytes(), ref_fit.shape,
+           None if w_fit is None else np.asarray(w_fit, dtype=np.float64).tobytes(),
+           None if fit is None else np.asarray(fit, dtype=np.int32).tobytes())
+    dev = cp.cuda.runtime.getDevice()
+    hit = _REFERENCE_MEMO.get(dev)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    yc, cy, gb, inv_w = _centre_reference(ref_fit, w_fit)
+    ref_h, wyc = _reference_operands(yc, w_fit)
+    ops = ((cy, gb, inv_w), wyc, cp.asarray(ref_h),
+           None if fit is None else cp.asarray(np.asarray(fit, dtype=np.int32)))
+    _REFERENCE_MEMO[dev] = (key, ops)
+    return ops
+
+
 def _rmsd_cuda(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_coords=False):
     """CUDA twin of :func:`_rmsd_numpy`: ``x`` (F, N, 3) NumPy or CuPy; results are CuPy arrays.
 
@@ -826,14 +863,11 @@ def _rmsd_cuda(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_coo
 
     ref_fit, ref_meas = ref
     f, n_atoms = x.shape[:2]
-    yc, cy, gb, inv_w = _centre_reference(ref_fit, w_fit)
-    n = len(yc)
     dt = _float_dtype(x.dtype)
     sfx = "f32" if dt == np.float32 else "f64"
     h_mom = _kernel(f"frame_moments_{sfx}")
-    ref_h, wyc = _reference_operands(yc, w_fit)
-    ref_d = cp.asarray(ref_h)
-    idx_d = None if fit is None else cp.asarray(np.asarray(fit, dtype=np.int32))
+    (cy, gb, inv_w), wyc, ref_d, idx_d = _reference_on_device(ref_fit, w_fit, fit)
+    n = ref_d.shape[1]
     weighted = int(w_fit is not None)
     on_device = is_cupy_array(x)
     per_frame = 13 * 8
@@ -847,7 +881,8 @@ def _rmsd_cuda(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_coo
     for f0 in range(0, f, chunk):
         f1 = min(f, f0 + chunk)
         nf = f1 - f0
-        xs = cp.ascontiguousarray(cp.asarray(x[f0:f1]), dtype=dt)
+        xs = x if (f1 - f0 == f and is_cupy_array(x) and x.dtype == dt and x.flags.c_contiguous) else \
+            cp.ascontiguousarray(cp.asarray(x[f0:f1]), dtype=dt)
         mom = cp.empty((nf, 13))
         _launch(h_mom, _warp_grid(nf, 32 // _MOMENT_LANES, _MOMENT_THREADS), (_MOMENT_THREADS,), xs, idx_d, ref_d, mom,
                 nf, n_atoms, n, weighted, float(inv_w), float(wyc[0]), float(wyc[1]), float(wyc[2]))
@@ -1527,7 +1562,9 @@ def _stream_condensed(plan, out, budget, row_starts=None, rows=None):
     [i0, i1) against every later frame are one contiguous block of SciPy's layout, so the kernel writes
     them straight into a device strip buffer in that order, one device-to-host copy moves the block and
     one NumPy copy stores it (few large operations per strip: the host side releases the GIL and keeps
-    up with several GPUs, where a tile's row segments would be one Python-level copy each)."""
+    up with several GPUs, where a tile's row segments would be one Python-level copy each). Page-locking
+    ``out`` instead, for the copy engines to write it directly, was measured slower: registering 20 GB
+    took 1.25 s (and 0.39 s to release), more than the whole run with staging buffers."""
     import threading
 
     import cupy as cp
@@ -1555,15 +1592,31 @@ def _stream_condensed(plan, out, budget, row_starts=None, rows=None):
     # share a chunk between strips) one at a time.
     lock = None if isinstance(out, np.ndarray) else threading.Lock()
 
+    # A strip's store into a NumPy destination is split over helper threads as well: one thread's
+    # copy into pageable memory runs at a fraction of the host's memory bandwidth.
+    n_pieces = _store_pieces()
+    helpers = concurrent.futures.ThreadPoolExecutor(max_workers=n_writers * (n_pieces - 1)) if n_pieces > 1 else None
+
     def store(ev, buf, k0, k1):
         ev.synchronize()
-        if lock is None:
-            out[k0:k1] = buf
-        else:
+        if lock is not None:
             with lock:
                 out[k0:k1] = buf
+            return
+        m = int(min(n_pieces, max(1, (k1 - k0) * buf.itemsize // _STORE_PIECE_BYTES)))
+        cuts = [k0 + (k1 - k0) * q // m for q in range(m + 1)]
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=n_writers) as writer:
+        def piece(q):
+            out[cuts[q]:cuts[q + 1]] = buf[cuts[q] - k0:cuts[q + 1] - k0]
+
+        others = [helpers.submit(piece, q) for q in range(1, m)]
+        piece(0)
+        for o in others:
+            o.result()
+
+    with contextlib.ExitStack() as stack, concurrent.futures.ThreadPoolExecutor(max_workers=n_writers) as writer:
+        if helpers is not None:
+            stack.enter_context(helpers)
         k = 0
         for i0 in (range(0, f, rows) if row_starts is None else row_starts):
             i1 = min(f, i0 + rows)
@@ -1657,6 +1710,15 @@ def _stream_tiles(plan, sink, t, budget, row_starts=None):
 def _stream_writers() -> int:
     """Writer threads per device when streaming to the host: up to 3, fewer on small machines."""
     return int(max(1, min(3, _cpu_threads() // 2)))
+
+
+_STORE_PIECE_BYTES = 16 << 20  # smallest piece of a strip's store given to a helper thread
+
+
+def _store_pieces() -> int:
+    """Pieces each writer splits a condensed strip's store into (1: no helpers): up to 4, on machines
+    with at least 4 cores per writer."""
+    return int(max(1, min(4, _cpu_threads() // (4 * _stream_writers()) + 1)))
 
 
 def _device_ids(devices) -> list[int]:

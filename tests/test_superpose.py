@@ -410,7 +410,7 @@ def test_pairwise_cpu_twin_unchanged_on_real_frames(adk):
 def test_scoring_kabsch_uses_this_qcp():
     """protgpu.scoring._kabsch (the TM-score search's fits from sums, the RMSD column) is this module's
     QCP twin with per-model weights and references: equal to rmsd()/superpose() model by model and to
-    a float64 Kabsch; an empty subset gives the identity (and RMSD 0)."""
+    a float64 Kabsch; an empty subset gives the identity (and RMSD NaN, as the aligned_rmsd kernel)."""
     from protgpu.scoring import _kabsch
 
     rng = np.random.default_rng(22)
@@ -428,7 +428,7 @@ def test_scoring_kabsch_uses_this_qcp():
         assert r[s] == pytest.approx(float(rmsd(x[s][m], y[s][m], device="cpu")[0]), abs=1e-12)
         np.testing.assert_allclose(rot[s], ref_rot, atol=1e-9)
         np.testing.assert_allclose(t[s], ref_t, atol=1e-7)
-    assert r[0] < 1e-12 and r[5] == 0.0 and (rot[5] == np.eye(3)).all()
+    assert r[0] < 1e-12 and np.isnan(r[5]) and (rot[5] == np.eye(3)).all()
     n = w.sum(1)
     rs, ts = _kabsch.superpose_from_sums(n, np.einsum("sn,sni->si", w, x), np.einsum("sn,sni->si", w, y),
                                          np.einsum("sn,sni,snj->sij", w, x, y))
@@ -744,6 +744,9 @@ static inline double __shfl_xor_sync(unsigned, double v, int off) {
     g_warp_bar[w]->arrive_and_wait();
     return r;
 }
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(16) double2 { double x, y; };
+static inline double2 make_double2(double x, double y) { return {x, y}; }
 // One std::thread per thread of a block, each walking all the blocks in order; a barrier closes each
 // block (its __shared__ arrays are statics, reused by the next block).
 static void run_grid(int gx, int gy, int bx, int by, const std::function<void()>& body) {
@@ -908,14 +911,17 @@ def test_host_kernel_aligned_rmsd_equals_twin_whatever_the_batch(host_kernels, d
     assert np.isnan(empty[0])
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_host_kernel_frames_equal_numpy_twin(host_kernels, dtype):
+@pytest.mark.parametrize("dtype, n_atoms", [(np.float32, 37), (np.float64, 37), (np.float32, 40), (np.float32, 532)])
+def test_host_kernel_frames_equal_numpy_twin(host_kernels, dtype, n_atoms):
+    """frame_moments -> qcp_frames -> frame_direct against the NumPy twin. 37 atoms: the scalar path
+    (MOMENT_UNROLL atoms per lane per step, the last step mostly past the end); 40 and 532 float32
+    atoms without an index array: the float4 path (quads of atoms; 532 = one full step of 4 quads per
+    lane and a second of 5 quads), with an index array: the scalar path."""
     rng = np.random.default_rng(14)
-    # 37 atoms: two unrolled steps of 4 x 32 lanes, the second mostly past the end
-    x = (rng.normal(size=(13, 37, 3)) * 5 + 40).astype(dtype)
-    y = rng.normal(size=(37, 3)) * 5
+    x = (rng.normal(size=(13, n_atoms, 3)) * 5 + 40).astype(dtype)
+    y = rng.normal(size=(n_atoms, 3)) * 5
     x[4] = y + 7.0  # a translated copy: re-measured by frame_direct (both twins)
-    w = rng.uniform(0.2, 3, 37)
+    w = rng.uniform(0.2, 3, n_atoms)
     fit = np.array([36, 2, 5, 11, 30, 17, 0, 9])
     for ww, ff in ((None, None), (w, None), (None, fit), (w[fit], fit)):
         yy = y if ff is None else y[ff]
@@ -1194,6 +1200,29 @@ def test_fake_device_rmsd_and_superpose(fake_device, dtype):
     assert {n for n, _ in fake_device} == {f"qcp.frame_moments_{sfx}", "qcp.qcp_frames", f"qcp.frame_direct_{sfx}"}
 
 
+def test_fake_device_reference_memo_follows_the_reference(fake_device, monkeypatch):
+    """_rmsd_cuda reuses the last reference's device operands only for the same bytes: a reference
+    changed in place, other weights or other fitted atoms give their own (right) results."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(6, 12, 3)) * 4
+    y = rng.normal(size=(12, 3)) * 4
+    w = rng.uniform(0.5, 2, 12)
+    fit = np.arange(0, 12, 2)
+    uploads = []
+    real = sp._reference_operands
+    monkeypatch.setattr(sp, "_reference_operands", lambda yc, w: uploads.append(1) or real(yc, w))
+    sp._REFERENCE_MEMO.clear()
+    cases = [((y, None), {}), ((y, None), {}), ((y, None), {"w_fit": w}), ((y[fit], None), {"fit": fit}),
+             ((y[fit], None), {"fit": fit})]
+    for ref, kwargs in cases:
+        np.testing.assert_allclose(np.asarray(sp._rmsd_cuda(x, ref, **kwargs)[0]), sp._rmsd_numpy(x, ref, **kwargs)[0],
+                                   atol=1e-9)
+    assert len(uploads) == 3  # the repeated calls were served from the memo
+    y[0] += 1.0  # in place: same array, other bytes
+    np.testing.assert_allclose(np.asarray(sp._rmsd_cuda(x, (y, None))[0]), sp._rmsd_numpy(x, (y, None))[0], atol=1e-9)
+    assert len(uploads) == 4
+
+
 @pytest.mark.parametrize("precision", ["float64", "float32"])
 def test_fake_device_pairwise_resident_and_streamed(fake_device, precision, monkeypatch, tmp_path):
     from scipy.spatial.distance import squareform
@@ -1236,6 +1265,16 @@ def test_fake_device_pairwise_resident_and_streamed(fake_device, precision, monk
     np.testing.assert_allclose(sp._pairwise_cuda(z, precision=precision),
                                sp._pairwise_numpy(z, precision=precision), atol=tol)
     assert len(fake_device) - n_before > 1  # several tiles
+    # condensed strips streamed to a host array, each strip's store split over helper threads
+    monkeypatch.setattr(sp, "_store_pieces", lambda: 3)
+    monkeypatch.setattr(sp, "_STORE_PIECE_BYTES", 8)
+    streamed = []
+    real_stream = sp._stream_condensed
+    monkeypatch.setattr(sp, "_stream_condensed", lambda *a, **k: streamed.append(1) or real_stream(*a, **k))
+    cond = np.zeros(120 * 119 // 2, np.float32)
+    sp._pairwise_cuda(z, precision=precision, out=cond, condensed=True)
+    np.testing.assert_allclose(cond, sp._pairwise_numpy(z, precision=precision)[np.triu_indices(120, 1)], atol=tol)
+    assert streamed
     from protgpu.errors import MemoryBudgetError
 
     with pytest.raises(MemoryBudgetError, match="out="):

@@ -340,15 +340,32 @@ def launch(handle: KernelHandle, grid, block, *args, shared_mem: int = 0, stream
     scalar parameters take NumPy scalars of the C type or Python numbers that fit it.
     """
     import cupy
-    from cuda.core import LaunchConfig
     from cuda.core import launch as core_launch
 
     if len(args) != len(handle.params):
         raise TypeError(f"{handle.name} takes {len(handle.params)} arguments, got {len(args)}")
     converted = [_convert_arg(handle, p, a) for p, a in zip(handle.params, args, strict=True)]
     s = stream if stream is not None else cupy.cuda.get_current_stream()
-    cfg = LaunchConfig(grid=grid, block=block, shmem_size=int(shared_mem))
+    cfg = _launch_config(grid if isinstance(grid, int) else tuple(grid),
+                         block if isinstance(block, int) else tuple(block), int(shared_mem))
     core_launch(_core_stream(s), cfg, handle.kernel, *converted)
+
+
+_configs: dict = {}
+
+
+def _launch_config(grid: tuple, block: tuple, shared_mem: int):
+    """One ``LaunchConfig`` per (grid, block, shared memory): building one validates its fields in
+    Python, a measurable part of a launch, and the same few shapes recur call after call."""
+    key = (grid, block, shared_mem)
+    cfg = _configs.get(key)
+    if cfg is None:
+        from cuda.core import LaunchConfig
+
+        if len(_configs) > 4096:  # (grids that follow the input size would otherwise pile up)
+            _configs.clear()
+        cfg = _configs[key] = LaunchConfig(grid=grid, block=block, shmem_size=shared_mem)
+    return cfg
 
 
 def compile_timings() -> list[dict]:
