@@ -42,14 +42,13 @@ Conventions (mdtraj's ``compute_contacts`` where it has one):
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ._array import dispatch, get_namespace, is_cupy_array, to_numpy
-from ._memory import check_host_fits, device_budget_bytes, rows_per_chunk
+from ._memory import _cpu_threads, check_host_fits, device_budget_bytes, rows_per_chunk
 from .errors import InputError
 
 # The NumPy twin of the kernel (residue_distances_numpy) and its helpers (allowed_pairs, scheme_atoms,
@@ -573,13 +572,6 @@ def _min_sq_numpy(x: np.ndarray, seg: np.ndarray, tile: int, mode: int, vec, inv
         out[:, i:k, i:] = m
         out[:, i:, i:k] = m.transpose(0, 2, 1)
     return out
-
-
-def _cpu_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def residue_distances_numpy(coords, atom_idx, starts, allowed, *, box=None, tile: int = 128,

@@ -30,6 +30,28 @@ def _matplotlib():
     return Figure, FigureCanvasAgg
 
 
+def _new_figure(figsize: tuple[float, float]):
+    """A matplotlib Figure on its own Agg canvas (no pyplot: no global backend, thread-safe)."""
+    Figure, FigureCanvasAgg = _matplotlib()
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)  # attaches itself to ``fig``, so savefig renders with Agg
+    return fig
+
+
+def _save_figure(fig, dest, dpi: int):
+    """Lay ``fig`` out and write it as a PNG at ``dest`` atomically (a temporary name, then a rename).
+
+    Returns
+    -------
+    pathlib.Path
+        ``dest``.
+    """
+    from .io import write_atomic
+
+    fig.tight_layout()
+    return write_atomic(dest, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
+
+
 def _tick_positions(n: int, max_ticks: int) -> np.ndarray:
     if n <= max_ticks:
         return np.arange(n)
@@ -136,7 +158,6 @@ def heatmap(matrix, path, *, xlabels: Sequence | None = None, ylabels: Sequence 
     ('adk_ca.png', b'PNG')
     """
     from ._array import to_numpy
-    from .io import write_atomic
 
     m = np.asarray(to_numpy(matrix), dtype=np.float64)
     if m.ndim != 2 or 0 in m.shape:
@@ -147,11 +168,8 @@ def heatmap(matrix, path, *, xlabels: Sequence | None = None, ylabels: Sequence 
     yl = _labels(ylabels, n_rows, "ylabels")
     if yl is None and xl is not None and n_rows == n_cols:
         yl = xl
-    Figure, FigureCanvasAgg = _matplotlib()
-
+    fig = _new_figure((size, size * max(0.3, min(3.0, n_rows / n_cols)) * 0.9 + 0.6))
     masked = np.ma.masked_invalid(m)
-    fig = Figure(figsize=(size, size * max(0.3, min(3.0, n_rows / n_cols)) * 0.9 + 0.6))
-    FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     img = ax.imshow(masked, origin="lower", interpolation="nearest", cmap=cmap, vmin=vmin, vmax=vmax,
                     aspect="equal" if n_rows == n_cols else "auto")
@@ -173,8 +191,7 @@ def heatmap(matrix, path, *, xlabels: Sequence | None = None, ylabels: Sequence 
     cbar = fig.colorbar(img, ax=ax, fraction=0.046, pad=0.04)
     if cbar_label:
         cbar.set_label(cbar_label)
-    fig.tight_layout()
-    return write_atomic(dest, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
+    return _save_figure(fig, dest, dpi)
 
 
 def line_plot(values, path, *, x=None, xticklabels: Sequence | None = None, names: Sequence | None = None,
@@ -242,7 +259,6 @@ def line_plot(values, path, *, x=None, xticklabels: Sequence | None = None, name
     ('rmsd.png', b'PNG')
     """
     from ._array import to_numpy
-    from .io import write_atomic
 
     y = np.array(to_numpy(values), dtype=np.float64)  # a copy: infinities are set to NaN below
     if y.ndim == 1:
@@ -256,10 +272,7 @@ def line_plot(values, path, *, x=None, xticklabels: Sequence | None = None, name
         raise InputError(f"line_plot: x has {len(xs)} positions for {n} points")
     ticks = _labels(xticklabels, n, "xticklabels", "line_plot", "points")
     series = _labels(names, m, "names", "line_plot", "series")
-    Figure, FigureCanvasAgg = _matplotlib()
-
-    fig = Figure(figsize=(width or max(6.0, min(16.0, n / 25)), 3.6))
-    FigureCanvasAgg(fig)
+    fig = _new_figure((width or max(6.0, min(16.0, n / 25)), 3.6))
     ax = fig.add_subplot(1, 1, 1)
     # Markers on short series: a point between two gaps (NaN) would otherwise not be drawn at all.
     style = {"lw": 1.0 if lines else 0.0, "marker": "o" if n <= 60 or not lines else None,
@@ -296,8 +309,7 @@ def line_plot(values, path, *, x=None, xticklabels: Sequence | None = None, name
         ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    return write_atomic(dest, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
+    return _save_figure(fig, dest, dpi)
 
 
 def per_residue_plot(values, path, *, labels: Sequence | None = None, names: Sequence | None = None,

@@ -314,3 +314,28 @@ def test_cli_csv_per_residue_plot_and_errors(tmp_path, shared_datasets):
         with pytest.raises(InputError, match="pyarrow"):
             _cli([d / "7SGN_C_model.pdb", "--ref", d / "7SGN_C_target.pdb", "--device", "cpu", "-q",
                   "--metrics", "tm", "--out", tmp_path / "x.parquet"])
+
+
+def test_rmsd_column_of_an_empty_alignment_is_nan():
+    """The RMSD column (CPU path) of a model with no aligned pair is NaN, as the GPU kernel
+    aligned_rmsd_* gives it: an RMSD over no atoms is undefined (0 would read as a perfect model).
+    The other models of the batch keep the values they have without it."""
+    import warnings
+
+    from protgpu.scoring import tmscore as tm_mod
+
+    rng = np.random.default_rng(5)
+    y = rng.normal(0, 10, (3, 40, 3))
+    x = y + rng.normal(0, 1, y.shape)
+    n_ali = np.array([40, 0, 25])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "invalid value" warnings on the way to the NaN
+        got = tm_mod._common_rmsd(x, y, n_ali, np)
+        alone = tm_mod._common_rmsd(x[:1, :0], y[:1, :0], np.array([0]), np)
+    assert got.shape == (3,) and got.dtype == np.float64
+    assert np.isnan(got[1]) and np.isnan(alone[0])
+    np.testing.assert_array_equal(got[[0, 2]], tm_mod._common_rmsd(x[[0, 2]], y[[0, 2]], n_ali[[0, 2]], np))
+    assert 0.5 < got[0] < 2.5 and 0.5 < got[2] < 2.5
+    # shared reference row (one y for every model), as the score engine passes it
+    shared = tm_mod._common_rmsd(x, y[:1], n_ali, np)
+    assert np.isnan(shared[1]) and np.isfinite(shared[[0, 2]]).all()

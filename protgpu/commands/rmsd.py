@@ -67,7 +67,9 @@ def register(sub, common) -> None:
     g.add_argument("--keep-going", "-k", action="store_true",
                    help="leave inputs that cannot be read (or have other atoms) out of the matrix, list them in "
                         "OUT.errors.tsv, exit 1")
-    g.add_argument("--jobs", "-j", type=int, metavar="N", help="parse worker processes (default: CPU count, at most 8)")
+    g.add_argument("--jobs", "-j", type=int, metavar="N",
+                   help="parse workers: processes for 32 inputs or more, threads for fewer (default: the CPUs "
+                        "this process may use, at most 32)")
     g.add_argument("--gpus", metavar="all|N",
                    help="spread the matrix's tiles over the first N GPUs of this host (or all), one host thread "
                         "per GPU; needs a host result (--out .npy/.zarr/.npz, or none)")

@@ -84,8 +84,8 @@ def superpose(x, y, weights=None, xp=np):
     translation : np.ndarray, shape (S, 3), float64
         ``x @ rotation.T + translation`` is superposed on y.
     rmsd : np.ndarray, shape (S,), float64
-        Root-mean-square deviation after superposition over the (weighted) pairs, Angstrom (0 where the
-        weights are all zero).
+        Root-mean-square deviation after superposition over the (weighted) pairs, Angstrom; NaN where
+        the weights are all zero (an RMSD over no pairs is undefined, and ``aligned_rmsd_*`` says NaN).
     """
     _check_numpy(xp)
     x = np.asarray(x, dtype=np.float64)
@@ -104,7 +104,7 @@ def superpose(x, y, weights=None, xp=np):
     rmsd, rot = _qcp_full(m, ga, gb, inv_n)
     empty = ~(n > 0)
     rot[empty] = np.eye(3)
-    rmsd[empty] = 0.0
+    rmsd[empty] = np.nan  # NaN never passes the re-measure test below, so it stays
     trans = cy - np.einsum("sij,sj->si", rot, cx)
     small = np.flatnonzero(rmsd * rmsd <= _DIRECT_TAU * (ga + gb) * inv_n)
     if small.size:

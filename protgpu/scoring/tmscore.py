@@ -401,7 +401,8 @@ def _common_rmsd(x, y, n_ali, xp):
 
     On the GPU this is ``qcp.cu``'s ``aligned_rmsd_*`` (one warp per model, so a model's value never
     depends on the other models of the batch or on its padded length); on the CPU the batched float64
-    Kabsch of :mod:`._kabsch` over the padded arrays with zero weights past each model's pairs.
+    Kabsch of :mod:`._kabsch` over the padded arrays with zero weights past each model's pairs. A model
+    with ``n_ali == 0`` gets NaN on both (an RMSD over no pairs is undefined; its TM-score is 0).
     """
     if xp is not np:
         return _common_rmsd_cuda(x, y, n_ali)
