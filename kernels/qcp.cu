@@ -264,6 +264,20 @@ __device__ __forceinline__ void warp_sum(double (&v)[K]) {
     }
 }
 
+// Row-major rotation matrix r (9) of the unit quaternion q = (w, x, y, z): reference ~ r @ mobile.
+__device__ __forceinline__ void qcp_rotation(const double* q, double* r) {
+    const double qw = q[0], qx = q[1], qy = q[2], qz = q[3];
+    r[0] = qw * qw + qx * qx - qy * qy - qz * qz;
+    r[1] = 2.0 * (qx * qy - qw * qz);
+    r[2] = 2.0 * (qx * qz + qw * qy);
+    r[3] = 2.0 * (qx * qy + qw * qz);
+    r[4] = qw * qw - qx * qx + qy * qy - qz * qz;
+    r[5] = 2.0 * (qy * qz - qw * qx);
+    r[6] = 2.0 * (qx * qz - qw * qy);
+    r[7] = 2.0 * (qy * qz + qw * qx);
+    r[8] = qw * qw - qx * qx - qy * qy + qz * qz;
+}
+
 __device__ __forceinline__ i64 warp_global_id() { return ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; }
 __device__ __forceinline__ i64 warp_count() { return ((i64)gridDim.x * blockDim.x) >> 5; }
 
@@ -501,17 +515,8 @@ extern "C" __global__ void qcp_frames(const double* moments, double* rmsd, doubl
         double q[4];
         qcp_quaternion(k, lam, hi, q);
         rmsd[f] = qcp_rmsd_from(ga, gb, qcp_rayleigh(k, q), inv_w);
-        const double qw = q[0], qx = q[1], qy = q[2], qz = q[3];
         double r[9];
-        r[0] = qw * qw + qx * qx - qy * qy - qz * qz;
-        r[1] = 2.0 * (qx * qy - qw * qz);
-        r[2] = 2.0 * (qx * qz + qw * qy);
-        r[3] = 2.0 * (qx * qy + qw * qz);
-        r[4] = qw * qw - qx * qx + qy * qy - qz * qz;
-        r[5] = 2.0 * (qy * qz - qw * qx);
-        r[6] = 2.0 * (qx * qz - qw * qy);
-        r[7] = 2.0 * (qy * qz + qw * qx);
-        r[8] = qw * qw - qx * qx - qy * qy + qz * qz;
+        qcp_rotation(q, r);
         double* ro = rot + f * 9;
 #pragma unroll
         for (int j = 0; j < 9; ++j) ro[j] = r[j];
@@ -863,12 +868,10 @@ __device__ void aligned_rmsd(const T* __restrict__ x, const T* __restrict__ y, i
         double r = qcp_rmsd_from(ga, gb, qcp_rayleigh(k, q), inv_n);
         if (r * r <= tau * (ga + gb) * inv_n) {
             // Near-identical: the formula has cancelled most digits; measure |R (x - cx) - (y - cy)|.
-            const double qw = q[0], qx = q[1], qy = q[2], qz = q[3];
-            const double r00 = qw * qw + qx * qx - qy * qy - qz * qz, r01 = 2.0 * (qx * qy - qw * qz),
-                         r02 = 2.0 * (qx * qz + qw * qy), r10 = 2.0 * (qx * qy + qw * qz),
-                         r11 = qw * qw - qx * qx + qy * qy - qz * qz, r12 = 2.0 * (qy * qz - qw * qx),
-                         r20 = 2.0 * (qx * qz - qw * qy), r21 = 2.0 * (qy * qz + qw * qx),
-                         r22 = qw * qw - qx * qx - qy * qy + qz * qz;
+            double rot[9];
+            qcp_rotation(q, rot);
+            const double r00 = rot[0], r01 = rot[1], r02 = rot[2], r10 = rot[3], r11 = rot[4], r12 = rot[5],
+                         r20 = rot[6], r21 = rot[7], r22 = rot[8];
             double acc[1] = {0.0};
             for (int i = lane; i < n; i += 32) {
                 const double dx = (double)xm[3 * i] - c[0], dy = (double)xm[3 * i + 1] - c[1],
