@@ -11,9 +11,13 @@ structure. Variants:
   ``protgpu score DIR --ref REF --metrics tm,lddt --out scores.csv -q [-j J]``) through the CLI's
   ``run_job``: expanding the folder, parsing and matching in ``-j`` worker processes (default: every
   CPU), batched TM-score and lDDT, the journal and the CSV. Its breakdown comes from the engine's
-  timers (``Summary.stats``): read (parse), hash, match (worker CPU seconds, summed over workers),
-  stack + transfer + GPU scoring + rows (the compute loop), write (journal, CSV), and the time the
-  compute loop waited for parsed files.
+  timers (``Summary.stats``): read (parse), hash, match (worker CPU seconds, summed over workers);
+  in the main process one after the other: listing, set-up, starting the pool, warm-up, stack +
+  transfer + GPU scoring + rows (the compute loop), waiting for parsed files, stopping the pool, write
+  (journal, CSV), and what no timer holds (the loop's bookkeeping).
+* ``protgpu score command``: the same as a user runs it, ``python -m protgpu.cli score ...`` in a new
+  process, with ``PROTGPU_STATS_JSON`` set: its breakdown adds the process's own steps (start-up and
+  imports, listing, building the job, the engine run with its timers, the interpreter's exit).
 * ``anchor``: what a script does without protgpu, in a ``multiprocessing.Pool`` of min(16, CPUs)
   processes: per file, biotite reads the PDB, ``tmtools.tm_align`` scores its CA trace against the
   reference's (TM-score normalised by the reference; TM-align also searches the alignment, so it
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -152,28 +157,64 @@ def stubbed_scores():
         tm_mod.tm_search_numpy, tm_mod.tm_search_cuda, lddt_mod.lddt_counts_numpy, lddt_mod.lddt_counts_cuda = saved
 
 
-def breakdown(stats: dict, n_files: int, elapsed: float, jobs: int) -> list[dict]:
-    """Rows of where the time went: worker steps as CPU seconds summed over the workers (ms per file
-    per core), compute-loop steps as wall seconds (ms per file)."""
+def engine_steps(stats: dict, elapsed: float) -> list[tuple[str, str, float]]:
+    """(step, where, seconds) of an engine run from its ``Summary.stats``: worker steps as CPU seconds
+    summed over the workers, main-process steps as wall seconds, then what no timer holds."""
     s = {k: float(v) for k, v in stats.items()}
     scoring = s.get("tm_s", 0.0) + s.get("lddt_s", 0.0)
     gpu = max(0.0, scoring - s.get("stack_s", 0.0) - s.get("transfer_s", 0.0))
-    steps = [
-        ("parse (read + parse files)", "workers", s.get("read_s", s.get("load_s", 0.0))),
-        ("hash (sha256 for the journal)", "workers", s.get("hash_s", 0.0)),
-        ("match (residues/atoms to the reference)", "workers", s.get("match_s", 0.0)),
-        ("warm-up (GPU context, kernels, lDDT pairs)", "main", s.get("warmup_s", 0.0)),
+    main = [
+        ("listing the inputs", "main", s.get("list_s", 0.0)),
+        ("set-up (output checks, manifest, progress)", "main", s.get("setup_s", 0.0)),
+        ("starting the parse pool (first inputs in)", "main", s.get("pool_start_s", 0.0)),
+        ("warm-up (device, GPU context, kernels, lDDT pairs)", "main", s.get("warmup_s", 0.0)),
+        ("handing the workers inputs", "main", s.get("submit_s", 0.0)),
         ("stack (batches on the host)", "main", s.get("stack_s", 0.0)),
         ("transfer (host to device)", "main", s.get("transfer_s", 0.0)),
         ("scores (kernels, incl. sync)", "main", gpu),
         ("rows + journal bookkeeping", "main", max(0.0, s.get("compute_s", 0.0) - scoring)),
-        ("write (journal, CSV)", "main", s.get("write_s", 0.0)),
         ("waiting for parsed files", "main", s.get("wait_s", 0.0)),
-        ("end to end", "wall", elapsed),
+        ("stopping the parse pool", "main", s.get("pool_shutdown_s", 0.0)),
+        ("write (journal, CSV)", "main", s.get("write_s", 0.0)),
     ]
+    other = elapsed - sum(sec for _, _, sec in main)
+    return [
+        ("parse (read + parse files)", "workers", s.get("read_s", s.get("load_s", 0.0))),
+        ("hash (sha256 for the journal)", "workers", s.get("hash_s", 0.0)),
+        ("match (residues/atoms to the reference)", "workers", s.get("match_s", 0.0)),
+        *main,
+        ("no timer (loop bookkeeping, taking results in)", "main", other),
+    ]
+
+
+def _rows(steps, n_files: int, jobs: int) -> list[dict]:
     return [{"step": name, "where": where, "seconds": sec, "ms_per_file": 1e3 * sec / n_files,
              "note": (f"summed over {jobs} workers: ms per file per core" if where == "workers" else "")}
             for name, where, sec in steps]
+
+
+def breakdown(stats: dict, n_files: int, elapsed: float, jobs: int) -> list[dict]:
+    """Rows of where the time of an in-process run went (ms per file; per core for worker steps)."""
+    return _rows([*engine_steps(stats, elapsed), ("end to end", "wall", elapsed)], n_files, jobs)
+
+
+def cli_breakdown(record: dict, t_spawn: float, t_done: float, n_files: int, jobs: int) -> list[dict]:
+    """Rows of where the time of a ``protgpu`` process went, from its ``PROTGPU_STATS_JSON`` record and
+    the wall-clock times this process started it (``t_spawn``) and saw it end (``t_done``)."""
+    st = record["stamps"]
+    start = st.get("process_start", t_spawn)
+    steps = [("process start (fork/exec)", "process", start - t_spawn),
+             ("interpreter start-up + imports", "process", st["main"] - start),
+             ("options + listing the inputs", "process", st.get("listed", st["main"]) - st["main"]),
+             ("building the job (reference)", "process", st.get("job", st.get("listed", st["main"]))
+              - st.get("listed", st["main"])),
+             ("between job and engine", "process", st["run"] - st.get("job", st["main"]))]
+    steps += [(f"  engine: {name}", where, sec) for name, where, sec in engine_steps(record["stats"],
+                                                                                  st["run_done"] - st["run"])]
+    steps += [("after the engine (messages, stats file)", "process", st["end"] - st["run_done"]),
+              ("interpreter exit", "process", t_done - st["end"]),
+              ("end to end", "wall", t_done - t_spawn)]
+    return _rows(steps, n_files, jobs)
 
 
 class ParseOnly(Job):
@@ -230,8 +271,10 @@ def main() -> None:
               f"{source} written in {time.perf_counter() - t0:.1f} s; {cores} CPUs, scoring {args.metrics} on the "
               f"{device.upper()}", flush=True)
 
-        # warm-up: imports, kernel compilation, the forkserver
-        run_score(score_args(paths[0], ref_path, tmp / "warm.csv", args.metrics, 1))
+        # warm-up: imports, kernel compilation, and (32 files: a process pool) the forkserver that later
+        # in-process runs use once CuPy is loaded (the command, a fresh process, forks its workers)
+        run_score(score_args(folder, ref_path, tmp / "warm.csv", args.metrics, args.jobs,
+                             ["--shard", f"0/{max(1, len(paths) // 32)}"]))
 
         rows: list[dict] = []
         tables: dict = {}
@@ -267,13 +310,20 @@ def main() -> None:
         cli = score_args(folder, ref_path, tmp / "cli.csv", args.metrics, args.jobs)
         argv = [sys.executable, "-m", "protgpu.cli", "score", str(folder), "--ref", str(ref_path), "--metrics",
                 args.metrics, "--out", str(cli.out), "-q"] + (["-j", str(args.jobs)] if args.jobs else [])
+        stats_json = tmp / "cli-stats.json"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+               "PROTGPU_STATS_JSON": str(stats_json)}
+        t_spawn = time.time()
         t0 = time.perf_counter()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
         r = subprocess.run(argv, capture_output=True, text=True, env=env)
+        dt = time.perf_counter() - t0
+        t_done = time.time()
         if r.returncode != 0:
             raise SystemExit(f"protgpu score failed: {r.stderr.strip()}")
-        record(f"protgpu score command (-j {jobs}, {device})", len(paths), time.perf_counter() - t0,
-               "end to end: new process, CSV written")
+        name = f"protgpu score command (-j {jobs}, {device})"
+        record(name, len(paths), dt, "end to end: new process, CSV written")
+        if stats_json.is_file():
+            tables[name] = cli_breakdown(json.loads(stats_json.read_text()), t_spawn, t_done, len(paths), jobs)
         main_csv = score(f"protgpu score in-process (-j {jobs})", note="the same, timers below")
         if main_csv.read_bytes() != Path(cli.out).read_bytes():
             rows[-1]["note"] += "; OUTPUT DIFFERS from the command's"

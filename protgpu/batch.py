@@ -30,6 +30,11 @@ inputs whose position in the expanded input list is ``i`` modulo ``n``: the n sh
 inputs, and their outputs (``OUT`` becomes ``OUT-stem.shard-i-of-n.suffix``) hold together exactly the
 rows of one full run.
 
+Start-up: the parse workers are forked (on Linux, while the process runs one thread and has no GPU
+library loaded; else a forkserver) and handed their first inputs before :meth:`Job.warm_up` runs, which
+for the built-in jobs is where CuPy is imported and the CUDA context made (``device="auto"``): so the
+workers parse while the GPU starts; they are stopped as soon as the last input is parsed.
+
 Faults: a file that cannot be read or parsed fails that input (message names it); a parse worker
 process that dies has its in-flight inputs retried once, one at a time, and one that kills a worker
 again is recorded as failed; a batch whose compute fails is split in halves until the failing input is
@@ -56,9 +61,11 @@ import multiprocessing
 import os
 import pickle
 import sys
+import threading
 import time
 import traceback
 import uuid
+import warnings
 import zipfile
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -182,12 +189,17 @@ class Summary:
     stats : dict of str to float
         Where the time went, in seconds: ``hash_s`` and
         ``load_s`` summed over the parse workers (``read_s`` and ``match_s`` split ``load_s`` for
-        :class:`ScoreJob`), ``warmup_s`` (:meth:`Job.warm_up`, while the workers start), ``wait_s``
-        (the compute loop waiting for parsed inputs), ``compute_s``
-        (batched compute in this process; :class:`ScoreJob` adds ``tm_s`` and ``lddt_s``, the time in
-        its two scores, of which ``stack_s`` built host batches and ``transfer_s`` copied them to the
-        GPU, and ``rows_s``) and ``write_s`` (journal and output). Runs on Dask parse and compute on the
-        workers and report only ``write_s``.
+        :class:`ScoreJob`); in this process, one after the other: ``list_s`` (expanding the inputs;
+        near 0 for the CLI's already expanded list), ``setup_s`` (output checks, the manifest and, with
+        ``resume``, hashing the inputs), ``pool_start_s`` (starting the parse workers and handing them
+        the first inputs), ``warmup_s`` (:meth:`Job.warm_up`, while the workers parse), ``submit_s``
+        (handing the workers the other inputs), ``wait_s`` (the compute loop waiting for parsed
+        inputs), ``compute_s`` (batched compute; :class:`ScoreJob` adds ``tm_s`` and ``lddt_s``, the
+        time in its two scores, of which ``stack_s`` built host batches and ``transfer_s`` copied them
+        to the GPU, and ``rows_s``), ``pool_shutdown_s`` (stopping the workers) and ``write_s``
+        (journal and output). What ``elapsed_s`` holds beyond these is the loop's own bookkeeping
+        (taking parsed inputs in, progress). Runs on Dask parse and compute on the workers and report
+        only ``list_s``, ``setup_s`` and ``write_s``.
     """
 
     n_inputs: int
@@ -514,7 +526,9 @@ class ScoreJob(Job):
 
     def warm_up(self) -> None:
         """Build the lDDT reference pairs; on the GPU also score the reference against itself once,
-        which creates the CUDA context, loads the kernels and puts the pair lists on the device."""
+        which creates the CUDA context, loads the kernels and puts the pair lists on the device. With
+        ``device="auto"`` this is also where the device is decided (importing CuPy when there is a
+        GPU): the engine calls it after its parse workers started."""
         from ._array import dispatch
 
         saved = dict(self.stats)
@@ -798,8 +812,10 @@ def _as_result(out) -> Result:
                         f"not {type(out).__name__}")
     from ._array import to_numpy
 
+    # np.asarray(order="C"), not np.ascontiguousarray: the latter makes a 0-d array (a scalar result)
+    # one-dimensional, and the stored array must keep the shape the job returned
     return Result(rows=[{str(k): _plain(v) for k, v in r.items()} for r in rows],
-                  arrays={str(k): np.ascontiguousarray(to_numpy(a)) for k, a in arrays.items()})
+                  arrays={str(k): np.asarray(to_numpy(a), order="C") for k, a in arrays.items()})
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -812,10 +828,10 @@ _WORKER_JOB: Job | None = None
 def _install_job(job_bytes: bytes, owner: int) -> None:
     """Process-pool initializer: the job is unpickled once per worker, not once per input; and a watch
     on the process that owns the pool, since a pool worker whose owner was SIGKILLed would otherwise
-    wait for work forever (its parent is the forkserver, which outlives the owner)."""
+    wait for work forever (a forked worker is orphaned; a forkserver's worker has the server as its
+    parent, which outlives the owner)."""
     global _WORKER_JOB
     _WORKER_JOB = pickle.loads(job_bytes)
-    import threading
 
     def watch():
         while True:
@@ -916,10 +932,40 @@ def _default_jobs() -> int:
     return max(1, min(32, n))
 
 
+# Modules whose presence means this process may have started CUDA (or a library's thread pool that a
+# forked child would inherit in a locked state): parse workers are then not forked.
+_NO_FORK_MODULES = ("cupy", "cuda", "torch", "nvmath", "numba", "jax", "tensorflow", "pycuda")
+
+
+def _fork_is_safe() -> bool:
+    """Whether parse workers may be forked from this process: on Linux, while it runs a single Python
+    thread and has not imported a GPU library. A forked worker starts in about a millisecond and
+    inherits every module already imported, where a forkserver costs a fresh interpreter (~0.5 s,
+    before the first worker exists) and a spawned worker re-imports everything; but a child forked
+    after CUDA was initialised, or while another thread held a lock, can hang. The CLI starts its pool
+    before the job's warm-up imports CuPy, so it forks."""
+    if not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
+        return False
+    if threading.active_count() > 1:
+        return False
+    return not any(m in sys.modules for m in _NO_FORK_MODULES)
+
+
+def _start_method(start_method: str | None) -> str:
+    """The parse pool's start method: the caller's, else ``$PROTGPU_BATCH_START_METHOD``, else fork when
+    :func:`_fork_is_safe`, else forkserver (spawn where there is none)."""
+    if start_method:
+        return start_method
+    env = os.environ.get("PROTGPU_BATCH_START_METHOD")
+    if env:
+        return env
+    if _fork_is_safe():
+        return "fork"
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
 def _mp_context(start_method: str | None):
-    if start_method is None:
-        start_method = os.environ.get("PROTGPU_BATCH_START_METHOD") or (
-            "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
+    start_method = _start_method(start_method)
     ctx = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
         # imported once in the server, inherited by every worker it forks
@@ -930,26 +976,43 @@ def _mp_context(start_method: str | None):
 class _Parser:
     """Parses inputs in a process pool, a thread pool, or inline; survives dying worker processes."""
 
-    def __init__(self, job: Job, kind: str, n: int, start_method: str | None, log):
+    def __init__(self, job: Job, kind: str, n: int, start_method: str | None, log, job_bytes: bytes | None = None):
         self.job, self.kind, self.n, self.log = job, kind, n, log
         self.executor = self._solo = None
+        self.start_method_arg = start_method
+        self.start_method = None  # of the current process pool
+        self.closed = False
+        self._joining: list = []
         if kind == "process":
-            self.ctx = _mp_context(start_method)
-            self.job_bytes = pickle.dumps(job)
+            self.job_bytes = pickle.dumps(job) if job_bytes is None else job_bytes
         self._start()
+
+    def _context(self):
+        # decided at each pool start: a pool restarted after the job's warm-up (CuPy loaded) is not forked
+        ctx = _mp_context(self.start_method_arg)
+        self.start_method = ctx.get_start_method()
+        return ctx
 
     def _start(self):
         if self.kind == "process":
-            self.executor = ProcessPoolExecutor(self.n, mp_context=self.ctx, initializer=_install_job,
+            self.executor = ProcessPoolExecutor(self.n, mp_context=self._context(), initializer=_install_job,
                                                 initargs=(self.job_bytes, os.getpid()))
         elif self.kind == "thread":
             self.executor = ThreadPoolExecutor(self.n, thread_name_prefix="protgpu-parse")
 
     def submit(self, chunk: list):
         """Parse a list of (index, path) in one task; its future gives ``_parse_chunk``'s result."""
-        if self.kind == "process":
+        if self.kind != "process":
+            return self.executor.submit(_parse_chunk, self.job, chunk)
+        if self.start_method != "fork":
             return self.executor.submit(_parse_chunk_in_worker, chunk)
-        return self.executor.submit(_parse_chunk, self.job, chunk)
+        with warnings.catch_warnings():  # a forking pool forks all its workers at its first task
+            # Python 3.12+ warns about fork() whenever the process has other OS threads, and NumPy's
+            # BLAS always starts some (idle, and fork-safe through its atfork handlers); _fork_is_safe
+            # has checked this process's own threads
+            warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks",
+                                    category=DeprecationWarning)
+            return self.executor.submit(_parse_chunk_in_worker, chunk)
 
     def restart(self):
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -958,8 +1021,8 @@ class _Parser:
     def isolated(self, index: int, path: str):
         """Parse one input alone in a single-worker pool; None when that worker dies too."""
         if self._solo is None:
-            self._solo = ProcessPoolExecutor(1, mp_context=self.ctx, initializer=_install_job,
-                                             initargs=(self.job_bytes, os.getpid()))
+            self._solo = ProcessPoolExecutor(1, mp_context=_mp_context(self.start_method_arg),
+                                             initializer=_install_job, initargs=(self.job_bytes, os.getpid()))
         try:
             return self._solo.submit(_parse_in_worker, index, path).result()
         except BrokenProcessPool:
@@ -967,10 +1030,20 @@ class _Parser:
             self._solo = None
             return None
 
-    def close(self):
+    def close(self, wait: bool = True):
+        """Stop the workers. ``wait=False`` (every input parsed, the compute still running) lets idle
+        workers exit in the background instead of holding up the run; a later ``close()`` joins them."""
+        self.closed = True
         for ex in (self.executor, self._solo):
             if ex is not None:
-                ex.shutdown(wait=True, cancel_futures=True)
+                # shutdown(wait=False) forgets the thread that joins the workers: keep it to join later
+                self._joining.append(getattr(ex, "_executor_manager_thread", None))
+                ex.shutdown(wait=wait, cancel_futures=True)
+        if wait:
+            for t in self._joining:
+                if t is not None:
+                    t.join()
+            self._joining = []
 
 
 def _add_times(stats: dict, times) -> None:
@@ -991,17 +1064,24 @@ def _iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, bat
     """Yield lists of results, one list per computed batch (plus lists of parse failures).
 
     ``stats`` (if given) receives seconds: ``hash_s``/``load_s`` (parse work, summed over workers),
-    whatever the parsed items report in a ``timings`` dict, ``wait_s`` (waiting for parse results) and
-    ``compute_s`` (the job's compute).
+    whatever the parsed items report in a ``timings`` dict, ``pool_start_s`` (starting the parse pool
+    and handing it its first inputs), ``submit_s`` (handing it the others), ``warmup_s``, ``wait_s``
+    (waiting for parse results), ``compute_s`` (the job's compute) and ``pool_shutdown_s``.
     """
     stats = {} if stats is None else stats
+
+    def add_time(key: str, t0: float) -> None:
+        stats[key] = stats.get(key, 0.0) + time.perf_counter() - t0
+
+    t_start = time.perf_counter()
+    job_bytes = None
     if pool == "process":
         try:
-            pickle.dumps(job)
+            job_bytes = pickle.dumps(job)
         except Exception:  # a lambda inside the job: threads can still parse
             log(f"{job.name}: the job cannot be pickled for worker processes; parsing in threads")
             pool = "thread"
-    parser = _Parser(job, pool, jobs, start_method, log) if pool != "inline" else None
+    parser = _Parser(job, pool, jobs, start_method, log, job_bytes) if pool != "inline" else None
     queue = deque(todo)
     in_flight: dict = {}  # future -> its chunk of (index, path)
     n_in_flight = 0
@@ -1012,6 +1092,10 @@ def _iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, bat
     # through a batch's compute, when no new chunk is submitted
     ahead = max(3 * jobs * chunk, batch_size)
     max_buffer = 2 * batch_size
+    # The job's warm-up (in a fresh process: importing CuPy, a CUDA context, kernels; a second or more)
+    # holds up the compute loop, but not the workers: they are handed more inputs before it
+    has_warm_up = type(job).warm_up is not Job.warm_up
+    warm_ahead = _warmup_prefetch(todo, ahead) if parser is not None and has_warm_up else ahead
 
     def add(res):
         nonlocal n_buffered
@@ -1040,7 +1124,7 @@ def _iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, bat
         n_buffered -= len(entries)
         t0 = time.perf_counter()
         out = _compute_group(job, entries, log)
-        stats["compute_s"] = stats.get("compute_s", 0.0) + time.perf_counter() - t0
+        add_time("compute_s", t0)
         return out
 
     warmed = False
@@ -1050,7 +1134,10 @@ def _iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, bat
         warmed = True
         t0 = time.perf_counter()
         job.warm_up()
-        stats["warmup_s"] = stats.get("warmup_s", 0.0) + time.perf_counter() - t0
+        add_time("warmup_s", t0)
+
+    if parser is not None:
+        add_time("pool_start_s", t_start)
 
     paths = dict(todo)
     try:
@@ -1073,15 +1160,30 @@ def _iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, bat
                 if failed:
                     yield failed
                 continue
-            while queue and n_in_flight < ahead and n_buffered + n_in_flight < max_buffer + ahead:
+            t0 = time.perf_counter()
+            limit = ahead if warmed else warm_ahead
+            broken = False
+            while queue and n_in_flight < limit and n_buffered + n_in_flight < max_buffer + limit:
                 part = [queue.popleft() for _ in range(min(chunk, len(queue)))]
-                in_flight[parser.submit(part)] = part
+                try:
+                    in_flight[parser.submit(part)] = part  # the first submit forks the workers
+                except BrokenProcessPool:  # a worker died since the last results came in
+                    queue.extendleft(reversed(part))
+                    broken = True
+                    break
                 n_in_flight += len(part)
+            add_time("submit_s" if warmed else "pool_start_s", t0)
+            if broken:
+                failed = _recover(parser, in_flight, add, log)
+                n_in_flight = 0
+                if failed:
+                    yield failed
+                continue
             if not warmed:  # while the workers start and parse the first chunks
                 warm_up()
             t0 = time.perf_counter()
             done, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
-            stats["wait_s"] = stats.get("wait_s", 0.0) + time.perf_counter() - t0
+            add_time("wait_s", t0)
             failed: list = []
             broken = False
             for fut in done:
@@ -1097,11 +1199,34 @@ def _iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, bat
             if broken:
                 failed += _recover(parser, in_flight, add, log)
                 n_in_flight = 0
+            if not queue and not in_flight and not parser.closed:
+                # every input parsed: the workers go while the last batches compute
+                t0 = time.perf_counter()
+                parser.close(wait=False)
+                add_time("pool_shutdown_s", t0)
             if failed:
                 yield failed
     finally:
         if parser is not None:
+            t0 = time.perf_counter()
             parser.close()
+            add_time("pool_shutdown_s", t0)
+
+
+def _warmup_prefetch(todo: list, ahead: int) -> int:
+    """Inputs handed to the parse workers before the job's warm-up: at least ``ahead``, else as many as
+    fit in ``$PROTGPU_BATCH_PREFETCH_MB`` (default 1024) MiB of input files, judged from the sizes of the
+    first 16 (parsed items are smaller than their files: a PDB's text is ~7x its coordinates)."""
+    try:
+        budget = float(os.environ.get("PROTGPU_BATCH_PREFETCH_MB") or 1024) * 2**20
+    except ValueError:
+        budget = 1024 * 2**20
+    sizes = []
+    for _, p in todo[:16]:
+        with contextlib.suppress(OSError):
+            sizes.append(os.path.getsize(p))
+    mean = max(sum(sizes) / len(sizes), 1.0) if sizes else 1 << 20
+    return max(ahead, min(len(todo), int(budget // mean)))
 
 
 def _recover(parser: _Parser, in_flight: dict, add, log) -> list[InputResult]:
@@ -1357,9 +1482,10 @@ def _errors_path(out: Path) -> Path:
 class _Store:
     """The manifest (journal) and array parts of one output path."""
 
-    def __init__(self, out: Path, job: Job):
+    def __init__(self, out: Path, job: Job, paths: list[str] | None = None):
         self.out = out
         self.job = job
+        self.paths = paths  # the whole expanded input list (all shards): what .npz keys are drawn from
         self.manifest = out.with_name(out.name + ".manifest.jsonl")
         self.parts = out.with_name(out.name + ".parts")
         self.header = {"kind": "header", "format": MANIFEST_FORMAT, "job": job.name,
@@ -1517,7 +1643,12 @@ class _Store:
                                  "(use .npz)")
             _writing(self.out, lambda tmp: np.save(tmp, arrays[0]))
             return
-        keys = stem_keys([p for p, _ in ok])
+        # A key is the input's stem, made unique over the whole input list (not only over this shard's
+        # inputs, nor only over those that succeeded): shard outputs then never share a key, and a
+        # shard's keys are those of the full run.
+        names = self.paths if self.paths is not None else [p for p, _ in ok]
+        key_of = dict(zip(names, stem_keys(names), strict=True))
+        keys = [key_of[p] for p, _ in ok]
 
         def items():
             for key, (_, e) in zip(keys, ok, strict=True):
@@ -1570,8 +1701,10 @@ def _remove_stale_temps(out: Path) -> None:
 
 
 def _expand(inputs) -> list[str]:
-    from .commands._inputs import expand_inputs
+    from .commands._inputs import ExpandedInputs, expand_inputs
 
+    if isinstance(inputs, ExpandedInputs):  # the CLI's list, already expanded (and checked): not again
+        return list(inputs)
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
     return expand_inputs([str(p) for p in inputs])
@@ -1648,8 +1781,10 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
     description : str, optional
         Label of the progress display (default: the job name).
     start_method : str, optional
-        multiprocessing start method of the parse processes (default ``forkserver``; scripts using
-        the process pool need the ``if __name__ == "__main__":`` guard).
+        multiprocessing start method of the parse processes. Default: ``$PROTGPU_BATCH_START_METHOD``,
+        else ``fork`` on Linux while this process runs one thread and has imported no GPU library
+        (workers start at once and import nothing), else ``forkserver`` (scripts using the process
+        pool then need the ``if __name__ == "__main__":`` guard).
     log : callable, optional
         Receives one-line notes (worker died, batch split); default: the ``protgpu.batch`` logger.
 
@@ -1718,13 +1853,17 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
     elif resume:
         raise InputError("--resume needs --out (the manifest lives beside the output)")
 
+    t0 = time.perf_counter()
     paths = _expand(inputs)
+    stats["list_s"] = stats.get("list_s", 0.0) + time.perf_counter() - t0
+    t0 = time.perf_counter()
     order = list(enumerate(paths))
     if shard is not None:
         i, n = shard if isinstance(shard, tuple) else parse_shard(shard)
         order = [t for t in order if t[0] % n == i]
     state.n_inputs = len(order)
-    store = _Store(out_path, job) if out_path is not None else None
+    # .npz keys come from the whole input list, so that every shard names an input as the full run does
+    store = _Store(out_path, job, paths) if out_path is not None else None
     if store is not None:
         state.out, state.manifest = out_path, store.manifest
         _remove_stale_temps(out_path)
@@ -1746,6 +1885,7 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
     from .commands._progress import BatchProgress
 
     bar = BatchProgress(len(order), description=description or job.name, quiet=quiet or not progress)
+    stats["setup_s"] = stats.get("setup_s", 0.0) + time.perf_counter() - t0
     try:
         for r in resumed:
             state.n_ok += 1

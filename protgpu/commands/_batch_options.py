@@ -4,13 +4,77 @@ subcommand's job with them.
 A subcommand calls :func:`add_batch_options` in its ``register`` and, in its ``run``, builds a
 :class:`protgpu.batch.Job` and hands it to :func:`run_job`; the engine does the parsing pool, batching,
 journal, resume, shards, progress and Dask.
+
+Where the time of a command went: with ``PROTGPU_STATS_JSON=PATH`` in the environment, ``protgpu``
+writes a JSON file at PATH when the command is done (:func:`write_stats_json`): wall-clock stamps of its
+steps (process start, ``main`` entered after the imports, the inputs listed, the job built, the engine
+run started and done, the command done), the seconds between them, and the engine's
+``Summary.stats``. What happens after the last stamp (interpreter exit) only the caller can time.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+import time
 
 from ..errors import InputError
+
+STATS_ENV = "PROTGPU_STATS_JSON"
+_marks: dict = {}  # step name -> time.time() of this command's steps, in order
+_last: dict = {}  # "summary": the engine's Summary of this command's run
+
+
+def mark(step: str) -> None:
+    """Stamp the wall-clock time of a step of this command (for ``$PROTGPU_STATS_JSON``)."""
+    _marks[step] = time.time()
+
+
+def begin() -> None:
+    """A command starts (``protgpu.cli.main`` entered): forget an earlier command's stamps."""
+    _marks.clear()
+    _last.clear()
+    mark("main")
+
+
+def _process_start() -> float | None:
+    """Wall-clock time this process started (Linux, to 1/CLK_TCK s), or None where unknown."""
+    try:
+        with open("/proc/self/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()  # after "(comm)", field 3 is at index 0
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start, ticks after boot
+        return time.time() - age
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def write_stats_json(path: str, command: str) -> None:
+    """Write the stamps of :func:`mark` and the engine's stats of the last :func:`run_job` to ``path``.
+
+    Keys: ``command``, ``argv``, ``stamps`` (step -> ``time.time()``, with ``process_start`` when known),
+    ``steps_s`` (seconds from each stamp to the next, named by the later one: ``main`` is the
+    interpreter's start-up and the imports, ``listed`` the input listing, ``job`` building the job,
+    ``run`` what came between, ``run_done`` the engine's run, ``end`` the rest of the command),
+    ``stats`` (``Summary.stats``), ``elapsed_s`` and ``n_inputs`` (the Summary's).
+    """
+    mark("end")
+    start = _process_start()
+    stamps = {**({"process_start": start} if start is not None else {}), **_marks}
+    names = list(stamps)
+    steps = {b: stamps[b] - stamps[a] for a, b in zip(names[:-1], names[1:], strict=True)}
+    summary = _last.get("summary")
+    record = {"command": command, "argv": sys.argv, "stamps": stamps, "steps_s": steps,
+              "stats": dict(summary.stats) if summary is not None else {},
+              "elapsed_s": summary.elapsed_s if summary is not None else None,
+              "n_inputs": summary.n_inputs if summary is not None else None}
+    try:
+        with open(path, "w") as fh:
+            json.dump(record, fh, indent=1)
+    except OSError as exc:
+        print(f"protgpu {command}: cannot write {STATS_ENV}={path} ({exc.strerror})", file=sys.stderr)
 
 
 def add_batch_options(p) -> None:
@@ -24,7 +88,8 @@ def add_batch_options(p) -> None:
                    help="process shard i of N (i from 0, e.g. $SLURM_ARRAY_TASK_ID/N); the output gets "
                         ".shard-i-of-N before its suffix ({shard} in its name is replaced instead)")
     g.add_argument("--jobs", "-j", type=int, metavar="N",
-                   help="parse worker processes (default: the usable CPUs, at most 32)")
+                   help="parse workers: processes for 32 inputs or more, threads for fewer (default: the CPUs "
+                        "this process may use, at most 32; with Dask the Dask workers parse)")
     g.add_argument("--batch-size", type=int, metavar="N", help="most inputs per compute batch")
     g.add_argument("--scheduler", metavar="ADDRESS",
                    help="run on an existing Dask distributed scheduler (e.g. tcp://host:8786)")
@@ -56,10 +121,14 @@ def run_job(args, job, paths: list[str], *, description: str, on_result=None):
     def note(msg: str) -> None:
         print(f"protgpu {description}: {msg}", file=sys.stderr)
 
-    return batch.run(paths, job, out=args.out, resume=args.resume, keep_going=args.keep_going, shard=args.shard,
-                     jobs=args.jobs, batch_size=args.batch_size, scheduler=args.scheduler, workers=args.workers,
-                     gpus=args.gpus, progress=not args.quiet, quiet=args.quiet, description=description,
-                     log=None if args.quiet else note, on_result=on_result)
+    mark("run")
+    summary = batch.run(paths, job, out=args.out, resume=args.resume, keep_going=args.keep_going,
+                        shard=args.shard, jobs=args.jobs, batch_size=args.batch_size, scheduler=args.scheduler,
+                        workers=args.workers, gpus=args.gpus, progress=not args.quiet, quiet=args.quiet,
+                        description=description, log=None if args.quiet else note, on_result=on_result)
+    mark("run_done")
+    _last["summary"] = summary
+    return summary
 
 
 def report_failures(summary, description: str, quiet: bool = False) -> None:

@@ -18,6 +18,37 @@ def _has_ext(p: str, exts) -> bool:
     return any(low.endswith(e) for e in exts)
 
 
+class ExpandedInputs(list):
+    """What :func:`expand_inputs` returns: a list of paths that the batch engine takes as they are,
+    without expanding (and checking) every one of them a second time."""
+
+
+def _files_under(root: str, extensions) -> list[str]:
+    """Files below ``root`` with one of ``extensions``, sorted: what ``sorted(Path(root).rglob("*"))``
+    keeps (symlinked files included, symlinked folders not entered, unreadable folders skipped), from
+    os.scandir's entry types instead of one stat per file."""
+    found: list[str] = []
+    stack = [str(Path(root))]  # normalised as pathlib spells it, so the paths are pathlib's too
+    while stack:
+        folder = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except (PermissionError, FileNotFoundError, NotADirectoryError):
+            continue
+        for e in entries:
+            path = os.path.join(folder, e.name)
+            try:
+                if e.is_dir() and not e.is_symlink():
+                    stack.append(path)
+                elif _has_ext(e.name, extensions) and e.is_file():
+                    found.append(path)
+            except OSError:
+                continue
+    found.sort()
+    return found
+
+
 def expand_inputs(items, *, extensions=STRUCTURE_EXTENSIONS + TRAJECTORY_EXTENSIONS) -> list[str]:
     """Turn INPUT arguments into a list of file paths, in order, without duplicates.
 
@@ -57,7 +88,7 @@ def expand_inputs(items, *, extensions=STRUCTURE_EXTENSIONS + TRAJECTORY_EXTENSI
                 expand(m, origin)
             return
         if os.path.isdir(item):
-            found = sorted(str(p) for p in Path(item).rglob("*") if p.is_file() and _has_ext(p.name, extensions))
+            found = _files_under(item, extensions)
             if not found:
                 raise InputError(f"{item}: directory holds no file with a known extension")
             for f in found:
@@ -80,4 +111,4 @@ def expand_inputs(items, *, extensions=STRUCTURE_EXTENSIONS + TRAJECTORY_EXTENSI
         expand(it, None)
     if not out:
         raise InputError("no input files given")
-    return out
+    return ExpandedInputs(out)

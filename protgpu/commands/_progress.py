@@ -90,9 +90,13 @@ class BatchProgress:
                 def render(self, task) -> Text:
                     return Text(f"{task.speed:.1f} files/s" if task.speed else "")
 
+            # redrawn from advance(), not by rich's refresh thread: the batch engine forks its parse
+            # workers only while this process runs a single thread
             self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  FilesPerSecond(), TextColumn("{task.fields[failed]}"), TimeRemainingColumn(),
-                                 console=Console(file=self.stream, force_terminal=True), transient=True)
+                                 console=Console(file=self.stream, force_terminal=True), transient=True,
+                                 auto_refresh=False)
+            self._drawn = float("-inf")
             self._bar.start()
             self._task = self._bar.add_task(description, total=self.total, failed="")
 
@@ -103,6 +107,10 @@ class BatchProgress:
             self.failed += n
         if self.mode == "bar":
             self._bar.update(self._task, advance=n, failed=f"{self.failed} failed" if self.failed else "")
+            now = self._time()
+            if now - self._drawn >= 0.1 or self.done >= self.total:  # at most 10 redraws a second
+                self._drawn = now
+                self._bar.refresh()
         elif self.mode == "log":
             now = self._time()
             if now - self.last >= self.interval:

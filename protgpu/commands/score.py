@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 from ..errors import InputError
-from ._batch_options import add_batch_options, job_device, report_failures, run_job
+from ._batch_options import add_batch_options, job_device, mark, report_failures, run_job
 from ._inputs import expand_inputs
 
 METRICS = ("tm", "lddt", "gdt", "rmsd")
@@ -129,10 +129,16 @@ def run(args) -> int:
         from ..plotting import require_png
 
         require_png(args.plot)  # before any model is scored
-    device, where = job_device(args)
+    # --device auto is decided by the job's warm-up, once the parse workers are started: deciding it
+    # here would import CuPy and start the CUDA driver (about a second) before the first file is parsed,
+    # and a process that has started CUDA no longer forks its workers. A forced device is checked at once.
+    device = args.device if args.device == "auto" else job_device(args)[0]
     paths = expand_inputs(args.inputs)
+    mark("listed")
     job = score_job(args, device)
+    mark("job")
     summary = run_job(args, job, paths, description="score")
+    where = job_device(args)[1]
     rows = summary.rows
     if not args.out:
         shown = [c for c in job.columns if not c.startswith("lddt:")]

@@ -1,0 +1,338 @@
+"""The batch engine's start-up and shutdown (issue 7): how the parse pool starts (fork when it is safe),
+that the workers parse while the job warms up, what the workers import, the engine's timers and the
+CLI's ``PROTGPU_STATS_JSON`` record, the input listing, and two review fixes (0-d arrays keep their
+shape; ``.npz`` keys of shards are those of the full run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from protgpu import batch
+from protgpu.batch import Job, Result
+from protgpu.commands._inputs import (
+    STRUCTURE_EXTENSIONS,
+    TRAJECTORY_EXTENSIONS,
+    ExpandedInputs,
+    _has_ext,
+    expand_inputs,
+)
+from protgpu.commands._progress import BatchProgress
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PROTGPU_DISABLE_GPU": "1", "PYTHONPATH": str(REPO)}
+HEAVY = ("cupy", "scipy", "pandas", "matplotlib", "rich", "dask", "distributed", "torch")
+
+
+class NumbersJob(Job):
+    """One row (name, sum) and the numbers as the input's array; files starting with BAD fail."""
+
+    name = "numbers"
+    batch_size = 4
+
+    def load(self, path):
+        text = Path(path).read_text()
+        if text.startswith("BAD"):
+            raise batch.InputError(f"{path}: bad")
+        return os.path.basename(path), np.array(text.split(), dtype=np.float64)
+
+    def compute(self, items):
+        return [Result(rows=[{"name": n, "sum": float(x.sum())}], arrays={"": x}) for n, x in items]
+
+
+class WaitingWarmUpJob(Job):
+    """Each load leaves a marker file; warm_up waits (up to 60 s) until every input has one: it returns
+    early only if all inputs were handed to the workers before it began."""
+
+    name = "waiting"
+    batch_size = 4
+
+    def __init__(self, marks: str, n: int):
+        self.marks, self.n = marks, n
+        self.seen_in_warm_up = None
+
+    def load(self, path):
+        Path(self.marks, os.path.basename(path)).touch()
+        return os.path.basename(path)
+
+    def warm_up(self):
+        t_end = time.monotonic() + 60
+        while len(os.listdir(self.marks)) < self.n and time.monotonic() < t_end:
+            time.sleep(0.02)
+        self.seen_in_warm_up = len(os.listdir(self.marks))
+
+    def compute(self, items):
+        return [{"name": n} for n in items]
+
+
+def _write_numbers(folder: Path, n: int, prefix: str = "f") -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i in range(n):
+        p = folder / f"{prefix}{i:02d}.pdb"
+        p.write_text(" ".join(str(i + k) for k in range(1 + i % 3)))
+        out.append(p)
+    return out
+
+
+def _pdb_models(datasets: Path, folder: Path, n: int, n_res: int = 20) -> Path:
+    lines = [ln for ln in (datasets / "adk_open.pdb").read_text().splitlines(keepends=True)
+             if ln.startswith("ATOM") and int(ln[22:26]) <= n_res]
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(5)
+    for i in range(n):
+        text = "".join(ln[:30] + "".join(f"{float(ln[30 + 8 * k:38 + 8 * k]) + rng.normal(0, 0.5):8.3f}"
+                                         for k in range(3)) + ln[54:] for ln in lines)
+        (folder / f"m{i:02d}.pdb").write_text(text + "END\n")
+    ref = folder.parent / "ref.pdb"
+    ref.write_text("".join(lines) + "END\n")
+    return ref
+
+
+# --------------------------------------------------------------------------------------------------
+# Review fixes
+
+
+def test_as_result_keeps_zero_dimensional_arrays(tmp_path):
+    r = batch._as_result(np.float32(2.5))
+    assert r.arrays[""].shape == () and r.arrays[""].dtype == np.float32
+    r = batch._as_result(Result(arrays={"x": np.array(3.0), "m": np.arange(6).reshape(2, 3).T}))
+    assert r.arrays["x"].shape == () and r.arrays["m"].flags.c_contiguous and r.arrays["m"].shape == (3, 2)
+    _write_numbers(tmp_path / "in", 3)
+    job = batch.FunctionJob(lambda x: np.asarray(float(x.sum())), load=_load_numbers)
+    batch.run(tmp_path / "in", job, out=tmp_path / "o.npz", pool="inline", quiet=True)
+    with np.load(tmp_path / "o.npz") as z:
+        assert z["f00"].shape == () and float(z["f01"]) == 1 + 2
+
+
+def _load_numbers(path):
+    return np.array(Path(path).read_text().split(), dtype=np.float64)
+
+
+def test_npz_keys_of_shards_are_those_of_the_full_run(tmp_path):
+    # the same stem in three folders; shards of 2 put them in different shards
+    for sub in ("a", "b", "c"):
+        _write_numbers(tmp_path / sub, 2, prefix="x")
+    (tmp_path / "a" / "x00.pdb").write_text("BAD")  # a failing input still claims its key
+    full = tmp_path / "full.npz"
+    batch.run(tmp_path, NumbersJob(), out=full, keep_going=True, pool="inline", quiet=True)
+    with np.load(full) as z:
+        want = {k: z[k] for k in z.files if k != "inputs"}
+        want_inputs = list(z["inputs"])
+    assert set(want) == {"x01", "x00_2", "x01_2", "x00_3", "x01_3"}
+    union, inputs = {}, []
+    for i in range(2):
+        batch.run(tmp_path, NumbersJob(), out=tmp_path / "s.npz", shard=(i, 2), keep_going=True, pool="inline",
+                  quiet=True)
+        with np.load(tmp_path / f"s.shard-{i}-of-2.npz") as z:
+            part = {k: z[k] for k in z.files if k != "inputs"}
+            inputs += list(z["inputs"])
+        assert not set(part) & set(union)
+        union.update(part)
+    assert union.keys() == want.keys() and sorted(inputs) == sorted(want_inputs)
+    for k in want:
+        np.testing.assert_array_equal(union[k], want[k])
+
+
+# --------------------------------------------------------------------------------------------------
+# Input listing
+
+
+def test_directory_listing_equals_pathlib_rglob(tmp_path):
+    root = tmp_path / "tree"
+    (root / "sub" / "deeper").mkdir(parents=True)
+    (root / "other").mkdir()
+    for p in ("a.pdb", "B.PDB", ".hidden.pdb", "notes.txt", "sub/c.cif.gz", "sub/deeper/d.xtc", "other/e.ent"):
+        (root / p).write_text("x")
+    (root / "dir.pdb").mkdir()  # a folder with a structure's name is not a file
+    (root / "link.pdb").symlink_to(root / "a.pdb")  # a symlinked file is listed
+    (root / "broken.pdb").symlink_to(root / "missing.pdb")  # a broken one is not
+    (root / "linked_dir").symlink_to(root / "other", target_is_directory=True)  # not entered
+    exts = STRUCTURE_EXTENSIONS + TRAJECTORY_EXTENSIONS
+    for spelled in (str(root), str(root) + "/", str(root / "sub" / "..")):
+        want = sorted(str(p) for p in Path(spelled).rglob("*") if p.is_file() and _has_ext(p.name, exts))
+        got = expand_inputs([spelled])
+        assert got == want and isinstance(got, ExpandedInputs)
+    assert len(want) == 7
+
+
+def test_an_expanded_list_is_not_expanded_again(tmp_path):
+    paths = expand_inputs([str(p) for p in _write_numbers(tmp_path / "in", 4)])
+    os.unlink(paths[1])  # gone after listing: the engine does not list again, the input fails as unreadable
+    s = batch.run(paths, NumbersJob(), keep_going=True, pool="inline", quiet=True)
+    assert s.n_ok == 3 and s.failed[0][0] == paths[1] and "cannot read" in s.failed[0][1]
+    with pytest.raises(batch.InputError, match="no such file"):
+        batch.run([str(p) for p in paths], NumbersJob(), pool="inline", quiet=True)  # a plain list is checked
+
+
+# --------------------------------------------------------------------------------------------------
+# The parse pool
+
+
+def test_start_method_is_fork_only_when_safe(monkeypatch):
+    monkeypatch.delenv("PROTGPU_BATCH_START_METHOD", raising=False)
+    assert batch._start_method("spawn") == "spawn"
+    monkeypatch.setenv("PROTGPU_BATCH_START_METHOD", "forkserver")
+    assert batch._start_method(None) == "forkserver"
+    monkeypatch.delenv("PROTGPU_BATCH_START_METHOD")
+    fallback = "forkserver" if sys.platform.startswith("linux") else batch._start_method(None)
+    # a GPU library loaded (CUDA may be initialised): not forked
+    monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
+    assert not batch._fork_is_safe() and batch._start_method(None) == fallback
+    monkeypatch.delitem(sys.modules, "cupy")
+    # another thread running (it may hold a lock the child would inherit): not forked
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert not batch._fork_is_safe()
+    finally:
+        stop.set()
+        t.join()
+    # a fresh process that imported protgpu forks (on Linux)
+    code = "import protgpu.batch as b, protgpu.cli; print(b._start_method(None))"
+    out = subprocess.run([sys.executable, "-c", code], env={**ENV, "PROTGPU_BATCH_START_METHOD": ""},
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ("fork" if sys.platform.startswith("linux") else fallback)
+
+
+PROBE = textwrap.dedent('''
+    import json, sys
+    from protgpu import batch
+
+    HEAVY = {heavy!r}
+
+    class Probe(batch.ScoreJob):
+        def load(self, path):
+            item = super().load(path)
+            item.timings["heavy_modules"] = float(sum(m in sys.modules for m in HEAVY))
+            return item
+
+    if __name__ == "__main__":
+        folder, ref, method = sys.argv[1:]
+        job = Probe(ref, metrics=("tm", "lddt"), device="cpu")
+        s = batch.run(folder, job, pool="process", jobs=2, quiet=True, start_method=method or None)
+        parent = sorted(m for m in HEAVY if m in sys.modules)
+        print(json.dumps({{"n_ok": s.n_ok, "heavy": s.stats.get("heavy_modules"), "parent": parent,
+                          "stats": s.stats}}))
+''')
+
+
+@pytest.mark.parametrize("method", ["", "forkserver"])
+def test_parse_workers_import_nothing_heavy(tmp_path, datasets, method):
+    ref = _pdb_models(datasets, tmp_path / "models", 34)
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE.format(heavy=HEAVY))
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "models"), str(ref), method], env=ENV,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["n_ok"] == 34 and out["heavy"] == 0.0
+    for k in ("list_s", "setup_s", "pool_start_s", "warmup_s", "wait_s", "compute_s", "pool_shutdown_s", "write_s"):
+        assert out["stats"].get(k, -1) >= 0, k
+
+
+def test_workers_parse_while_the_job_warms_up(tmp_path):
+    n = 40  # more than the usual look-ahead of 2 workers (3 chunks of 5 each): only a deeper one fills it
+    _write_numbers(tmp_path / "in", n)
+    (tmp_path / "marks").mkdir()
+    job = WaitingWarmUpJob(str(tmp_path / "marks"), n)
+    assert batch._warmup_prefetch([(i, str(p)) for i, p in enumerate(sorted((tmp_path / "in").iterdir()))], 30) == n
+    s = batch.run(tmp_path / "in", job, pool="process", jobs=2, quiet=True)
+    assert s.n_ok == n and job.seen_in_warm_up == n
+    assert [r["name"] for r in s.rows] == sorted(os.listdir(tmp_path / "in"))
+    main = ("list_s", "setup_s", "pool_start_s", "warmup_s", "submit_s", "wait_s", "compute_s", "pool_shutdown_s")
+    assert all(s.stats.get(k, 0.0) >= 0 for k in main)
+    assert sum(s.stats.get(k, 0.0) for k in main) <= s.elapsed_s * 1.01 + 1e-3
+
+
+def test_warm_up_prefetch_is_bounded_by_file_bytes(tmp_path, monkeypatch):
+    paths = [(i, str(p)) for i, p in enumerate(_write_numbers(tmp_path / "in", 20))]
+    monkeypatch.setenv("PROTGPU_BATCH_PREFETCH_MB", str(5 * 4 / 2**20))  # room for ~5 files of ~4 bytes
+    assert 4 <= batch._warmup_prefetch(paths, 2) <= 7
+    assert batch._warmup_prefetch(paths, 12) == 12  # never below the usual look-ahead
+    monkeypatch.setenv("PROTGPU_BATCH_PREFETCH_MB", "nonsense")
+    assert batch._warmup_prefetch(paths, 2) == 20
+
+
+def test_results_equal_across_start_methods_and_pools(tmp_path):
+    _write_numbers(tmp_path / "in", 36)
+    want = batch.run(tmp_path / "in", NumbersJob(), pool="inline", quiet=True).rows
+    for method in ("fork", "forkserver"):
+        s = batch.run(tmp_path / "in", NumbersJob(), pool="process", jobs=2, start_method=method, quiet=True)
+        assert s.rows == want, method
+
+
+# --------------------------------------------------------------------------------------------------
+# Progress display and the CLI process
+
+
+def test_progress_bar_starts_no_thread():
+    import io
+
+    n0 = threading.active_count()
+    stream = io.StringIO()
+    bar = BatchProgress(3, description="x", stream=stream, tty=True)
+    assert threading.active_count() == n0
+    for _ in range(3):
+        bar.advance()
+    bar.close()
+    assert "3/3" in stream.getvalue()
+
+
+def test_cli_stats_json_and_fast_exit(tmp_path, datasets):
+    ref = _pdb_models(datasets, tmp_path / "models", 33)
+    stats = tmp_path / "stats.json"
+    base = [sys.executable, "-m", "protgpu.cli", "score", str(tmp_path / "models"), "--ref", str(ref), "-m", "tm,lddt",
+            "-j", "2", "-q"]
+    t0 = time.time()
+    r = subprocess.run([*base, "-o", str(tmp_path / "a.csv")], env={**ENV, "PROTGPU_STATS_JSON": str(stats)},
+                       capture_output=True, text=True, timeout=300)
+    t1 = time.time()
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    rec = json.loads(stats.read_text())
+    assert rec["command"] == "score" and rec["n_inputs"] == 33
+    stamps = rec["stamps"]
+    order = [k for k in ("process_start", "main", "listed", "job", "run", "run_done", "end") if k in stamps]
+    assert order[1:] == ["main", "listed", "job", "run", "run_done", "end"]
+    assert all(stamps[a] <= stamps[b] + 0.02 for a, b in zip(order[:-1], order[1:], strict=True))
+    assert t0 - 0.05 <= stamps[order[0]] and stamps["end"] <= t1
+    assert abs(sum(rec["steps_s"].values()) - (stamps["end"] - stamps[order[0]])) < 1e-6
+    for k in ("list_s", "setup_s", "pool_start_s", "warmup_s", "compute_s", "pool_shutdown_s", "write_s"):
+        assert rec["stats"].get(k, -1) >= 0, k
+    # the interpreter's teardown is skipped or not: the same output, rows on stdout complete
+    r2 = subprocess.run([*base, "-o", str(tmp_path / "b.csv")], env={**ENV, "PROTGPU_FAST_EXIT": "0"},
+                        capture_output=True, text=True, timeout=300)
+    assert r2.returncode == 0 and (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
+    r3 = subprocess.run(base, env=ENV, capture_output=True, text=True, timeout=300)  # the table on a pipe
+    lines = r3.stdout.splitlines()
+    assert r3.returncode == 0 and lines[0] == "model\ttm\tn_aligned\tlddt" and len(lines) == 34
+    assert [ln.split("\t")[0] for ln in lines[1:]] == [f"m{i:02d}.pdb" for i in range(33)]
+
+
+@pytest.mark.gpu
+def test_gpu_cli_forks_before_cuda_and_scores_like_a_forced_gpu(tmp_path, datasets, gpu):
+    # --device auto: decided in the warm-up, after the workers were forked; --device gpu: decided at
+    # once (CuPy loaded, so the workers come from a forkserver). Same bytes either way.
+    ref = _pdb_models(datasets, tmp_path / "models", 40, n_res=60)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PROTGPU_STATS_JSON": str(tmp_path / "stats.json")}
+    env.pop("PROTGPU_DISABLE_GPU", None)
+    base = [sys.executable, "-m", "protgpu.cli", "score", str(tmp_path / "models"), "--ref", str(ref), "-j", "2"]
+    r = subprocess.run([*base, "-o", str(tmp_path / "auto.csv")], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and "on the GPU" in r.stderr, r.stderr
+    assert json.loads((tmp_path / "stats.json").read_text())["stats"]["warmup_s"] > 0
+    r = subprocess.run([*base, "--device", "gpu", "-o", str(tmp_path / "gpu.csv")], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "auto.csv").read_bytes() == (tmp_path / "gpu.csv").read_bytes()
