@@ -367,6 +367,26 @@ def test_thread_count_does_not_change_results(threads, monkeypatch, tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "c.npy"), one[np.triu_indices(45, 1)])
 
 
+def test_cpu_split_never_oversubscribes():
+    """The CPU all-vs-all's QCP pool and BLAS threads together fit the cores (from 2 up), each >= 1."""
+    for n in range(1, 129):
+        q, b = sp._cpu_split(n)
+        assert q >= 1 and b >= 1 and (q + b <= n or n == 1), n
+    assert sp._cpu_split(16) == (4, 12)
+
+
+def test_blas_threads_limits_blas_inside_the_block():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    blas = [i for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+    if not blas:
+        pytest.skip("no BLAS library found by threadpoolctl")
+    with sp._blas_threads(1):
+        # the BLAS libraries loaded when protgpu first limited them: NumPy's among them
+        assert all(lib.num_threads == 1 for lib in sp._BLAS_CONTROLLER[0].select(user_api="blas").lib_controllers)
+        info = threadpoolctl.threadpool_info()
+        assert all(i["num_threads"] == 1 for i in info if i["user_api"] == "blas" and "numpy" in i["filepath"])
+
+
 def test_rmsd_qcp_groups_do_not_change_results(monkeypatch):
     """rmsd()/superpose()'s CPU path runs the QCP on groups of frames (and the moments on chunks): the
     same bits with groups of 7 frames and chunks of 4 as with one of each, with a self frame
