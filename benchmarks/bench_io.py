@@ -6,7 +6,7 @@ folder exists). Each loader is warmed up, then ``--repeat`` rounds alternate the
 machine noise hits them alike. Each round times every tool in two ways (see :func:`bench_file`):
 five consecutive calls (the headline: how a program loading many files sees it) and one call right
 after the other tools' (caches cold). Calls are timed as timeit does (no garbage collection inside
-them; the rounds collect between tools). Prints a table with the speed-ups of protgpu over each
+them; each run of consecutive calls collects before it starts). Prints a table with the speed-ups of protgpu over each
 anchor and writes JSON (date, git commit, machine, numbers) to
 ``benchmarks/results/io-<hostname>.json`` or ``--json PATH``.
 
@@ -79,8 +79,8 @@ def _loaders(cold: bool = False):
 
 
 def _timed(fn, path: str) -> float:
-    """Seconds of one call, as timeit times: no garbage collection inside the call (the rounds collect
-    between tools, outside the clock)."""
+    """Seconds of one call, as timeit times: no garbage collection inside the call (the consecutive
+    runs collect before they start, outside the clock)."""
     gc.disable()
     try:
         t0 = time.perf_counter()
@@ -103,7 +103,6 @@ def bench_file(path: Path, loaders: dict, repeat: int, warmup: int = 3, run: int
     consec = {k: [] for k in loaders}
     for _ in range(repeat):
         for name, fn in loaders.items():
-            gc.collect()
             inter[name].append(_timed(fn, p))
         for name, fn in loaders.items():
             gc.collect()
