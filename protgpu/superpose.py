@@ -700,11 +700,15 @@ def _direct_rmsd_numpy(xs, cx, rot, yc, w, inv_w):
     return np.sqrt((sq.sum(axis=1) if w is None else sq @ w) * inv_w)
 
 
-def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_coords=False):
+def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_coords=False,
+                threads: int | None = None):
     """The NumPy twin of :func:`rmsd` / :func:`superpose` (also their CPU path).
 
-    One thread (BLAS threads the moments' GEMM): a pool over frame chunks was measured slower on 2
-    cores with OpenBLAS's default threads, its threaded GEMM then being called from several threads.
+    Every step is per frame, so the frames are cut into tasks of a fixed size (``_CPU_CHUNK_BYTES``
+    of float64 working set, whatever the thread count) that run on a pool of ``threads`` threads,
+    BLAS on one thread meanwhile (its own threads would compete with the pool's; a threaded GEMM called
+    from several threads was measured slower than one thread on 2 cores). The result is bitwise the
+    same for any ``threads``.
 
     Parameters
     ----------
@@ -719,6 +723,8 @@ def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_co
         Weights of the fitted and measured atoms.
     want_coords : bool
         Also return all atoms of ``x`` moved onto the reference.
+    threads : int, optional
+        Worker threads (default: the usable CPU cores); the result does not depend on it.
 
     Returns
     -------
@@ -729,6 +735,34 @@ def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_co
     f, n = x.shape[:2]
     yc, cy, gb, inv_w = _centre_reference(ref_fit, w_fit)
     ops = _moment_operands(yc, w_fit, inv_w)
+    r, rot, t = np.empty(f), np.empty((f, 3, 3)), np.empty((f, 3))
+    coords = np.empty(x.shape, dtype=_float_dtype(x.dtype)) if want_coords else None
+    task = rows_per_chunk(max(n, 1) * 3 * 8 * 3, f, _CPU_CHUNK_BYTES)
+    starts = range(0, f, task)
+    n_threads = min(len(starts), _cpu_threads() if threads is None else max(1, int(threads)))
+
+    def run(f0):
+        f1 = min(f, f0 + task)
+        _rmsd_numpy_frames(x[f0:f1], (yc, cy, gb, inv_w, ops), ref_meas, fit, meas, w_fit, w_meas,
+                           (r[f0:f1], rot[f0:f1], t[f0:f1], None if coords is None else coords[f0:f1]))
+
+    with _blas_threads(1):
+        if n_threads > 1:
+            with concurrent.futures.ThreadPoolExecutor(n_threads, thread_name_prefix="protgpu-rmsd") as pool:
+                for fut in [pool.submit(run, f0) for f0 in starts]:
+                    fut.result()
+        else:
+            for f0 in starts:
+                run(f0)
+    return r, rot, t, coords
+
+
+def _rmsd_numpy_frames(x, reference, ref_meas, fit, meas, w_fit, w_meas, outs) -> None:
+    """:func:`_rmsd_numpy` on the frames ``x`` (one task), written into ``outs`` = (rmsd, rotation,
+    translation, coords or None) views. ``reference`` = ``(yc, cy, gb, inv_w, moment operands)``."""
+    yc, cy, gb, inv_w, ops = reference
+    r, rot, t, coords = outs
+    f, n = x.shape[:2]
     # 1. Moments, in chunks small enough for the float64 copy to stay in cache.
     cx, ga, m = np.empty((f, 3)), np.empty(f), np.empty((f, 3, 3))
     chunk = rows_per_chunk(len(yc) * 3 * 8 * 2, f, _CACHE_CHUNK_BYTES)
@@ -737,11 +771,10 @@ def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_co
         xf = x[f0:f1] if fit is None else x[f0:f1, fit]
         cx[f0:f1], ga[f0:f1], m[f0:f1] = _moments_numpy(xf, ops)
     # 2. QCP (13 numbers per frame), in groups of frames whose temporaries stay in cache.
-    r, rot = np.empty(f), np.empty((f, 3, 3))
     for f0 in range(0, f, _QCP_CHUNK_PAIRS):
         f1 = min(f, f0 + _QCP_CHUNK_PAIRS)
         r[f0:f1], rot[f0:f1] = _qcp_full(m[f0:f1], ga[f0:f1], gb, inv_w)
-    t = cy - np.einsum("fij,fj->fi", rot, cx)
+    t[...] = cy - np.einsum("fij,fj->fi", rot, cx)
     if ref_meas is None:
         # Near-identical frames: re-measure without the cancellation (module notes).
         small = np.flatnonzero(r * r <= _DIRECT_TAU * (ga + gb) * inv_w)
@@ -750,23 +783,19 @@ def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_co
             sel = small[k0:k0 + chunk]
             xs = x[sel] if fit is None else x[sel][:, fit]
             r[sel] = _direct_rmsd_numpy(xs, cx[sel], rot[sel], yc, w_fit, inv_w)
-    # 3. Measured atoms other than the fitted ones, and the moved coordinates.
-    coords = np.empty(x.shape, dtype=_float_dtype(x.dtype)) if want_coords else None
-    if ref_meas is not None or want_coords:
-        chunk = rows_per_chunk(max(n, 1) * 3 * 8 * 3, f, _CPU_CHUNK_BYTES)
-        for f0 in range(0, f, chunk):
-            f1 = min(f, f0 + chunk)
-            rt = rot[f0:f1].transpose(0, 2, 1)
-            if ref_meas is not None:
-                xm = np.asarray(x[f0:f1, meas], dtype=np.float64)
-                d = np.matmul(xm, rt) + t[f0:f1, None, :] - ref_meas
-                if w_meas is None:
-                    r[f0:f1] = np.sqrt(np.einsum("fni,fni->f", d, d) / len(ref_meas))
-                else:
-                    r[f0:f1] = np.sqrt(np.einsum("fni,fni,n->f", d, d, w_meas) / w_meas.sum())
-            if want_coords:
-                coords[f0:f1] = np.matmul(np.asarray(x[f0:f1], dtype=np.float64), rt) + t[f0:f1, None, :]
-    return r, rot, t, coords
+    # 3. Measured atoms other than the fitted ones, and the moved coordinates (one task's frames
+    # are at most _CPU_CHUNK_BYTES of float64 here).
+    if ref_meas is not None or coords is not None:
+        rt = rot.transpose(0, 2, 1)
+        if ref_meas is not None:
+            xm = np.asarray(x[:, meas], dtype=np.float64)
+            d = np.matmul(xm, rt) + t[:, None, :] - ref_meas
+            if w_meas is None:
+                r[...] = np.sqrt(np.einsum("fni,fni->f", d, d) / len(ref_meas))
+            else:
+                r[...] = np.sqrt(np.einsum("fni,fni,n->f", d, d, w_meas) / w_meas.sum())
+        if coords is not None:
+            coords[...] = np.matmul(np.asarray(x, dtype=np.float64), rt) + t[:, None, :]
 
 
 # ==================================================================================================

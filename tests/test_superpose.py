@@ -389,20 +389,31 @@ def test_blas_threads_limits_blas_inside_the_block():
 
 def test_rmsd_qcp_groups_do_not_change_results(monkeypatch):
     """rmsd()/superpose()'s CPU path runs the QCP on groups of frames (and the moments on chunks): the
-    same bits with groups of 7 frames and chunks of 4 as with one of each, with a self frame
-    (re-measured), weights, fit and measured atoms."""
+    same bits with groups of 7 frames and chunks of 4 as with one of each, and with tasks of 6 frames
+    on a pool of 3 threads, with a self frame (re-measured), weights, fit and measured atoms."""
     x = _threads_input().astype(np.float32)
     ref = np.asarray(x[3], dtype=np.float64)
     w = np.random.default_rng(4).uniform(0.5, 2, 24)
     fit, meas = np.arange(0, 24, 2), np.arange(5, 20)
     cases = (((x, (ref, None)), {}),
              ((x, (ref[fit], ref[meas])), {"fit": fit, "meas": meas, "w_fit": w[fit], "w_meas": w[meas]}))
-    whole = [sp._rmsd_numpy(*args, **kw, want_coords=True) for args, kw in cases]
+    whole = [sp._rmsd_numpy(*args, **kw, want_coords=True, threads=1) for args, kw in cases]
     monkeypatch.setattr(sp, "_CACHE_CHUNK_BYTES", 24 * 3 * 8 * 3 * 4)
     monkeypatch.setattr(sp, "_QCP_CHUNK_PAIRS", 7)
     for (args, kw), want in zip(cases, whole, strict=True):
-        for got, exp in zip(sp._rmsd_numpy(*args, **kw, want_coords=True), want, strict=True):
+        for got, exp in zip(sp._rmsd_numpy(*args, **kw, want_coords=True, threads=1), want, strict=True):
             np.testing.assert_array_equal(got, exp)
+    # tasks of 6 frames on a pool of 3 threads
+    monkeypatch.setattr(sp, "_CPU_CHUNK_BYTES", 24 * 3 * 8 * 3 * 6)
+    import threading
+
+    seen = set()
+    real = sp._rmsd_numpy_frames
+    monkeypatch.setattr(sp, "_rmsd_numpy_frames", lambda *a: seen.add(threading.get_ident()) or real(*a))
+    for (args, kw), want in zip(cases, whole, strict=True):
+        for got, exp in zip(sp._rmsd_numpy(*args, **kw, want_coords=True, threads=3), want, strict=True):
+            np.testing.assert_array_equal(got, exp)
+    assert seen and threading.get_ident() not in seen  # on the pool
     assert whole[0][0].shape == (45,) and whole[0][0][3] < 1e-12
 
 
