@@ -68,15 +68,15 @@ def bench_pairwise(rows, frames: int, atoms: int, n_gpu: int) -> None:
         dt = float(np.median(times[len(ids)]))
         results[len(ids)] = dt
         sp.pairwise_rmsd(x, out=out, condensed=True, device="gpu", devices=ids)
-        probe = out[:5].copy()
+        probe = out[:5].copy()  # (the first values, compared between GPU counts)
         rows.append({"case": f"all-vs-all {frames}x{atoms} condensed -> host memory", "gpus": len(ids),
                      "seconds": dt, "per_s": pairs / dt, "unit": "pairs",
                      "speedup": results[1] / dt, "first_call_s": first[len(ids)],
                      "first_call_speedup": first[1] / first[len(ids)], "runs_s": times[len(ids)]})
         if len(ids) == 1:
-            first = probe
+            probe_one_gpu = probe
         else:
-            rows[-1]["same_as_1_gpu"] = bool(np.array_equal(probe, first))
+            rows[-1]["same_as_1_gpu"] = bool(np.array_equal(probe, probe_one_gpu))
         if n_gpu == 1:
             break
 

@@ -1302,7 +1302,7 @@ def _cpu_split(n_threads: int) -> tuple[int, int]:
     must not exceed the cores: OpenBLAS's idle threads spin for ~0.1 s after each GEMM, and a tile's
     QCP takes less than that, so every core they share runs at half speed. Measured on 16 cores
     (4,000 x 500 frames): 16 QCP + 16 BLAS threads 2.77 s, 4 + 12 0.85 s, 8 + 8 0.98 s, 16 + 4 0.95 s,
-    1 + 16 1.86 s (mdtraj.rmsd over every reference: 1.67 s). A quarter of the cores for the QCP
+    1 + 16 1.86 s (mdtraj.rmsd over every reference, same run: 1.67 s). A quarter of the cores for the QCP
     (at most 8: it scales sub-linearly, GIL hand-overs) and the rest for BLAS."""
     qcp = max(1, min(8, n_threads // 4))
     return qcp, max(1, n_threads - qcp)
