@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import gzip
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -257,15 +258,30 @@ def _read_bytes(path: str | Path, gz: bool) -> bytes:
     raises the same InputError as :func:`_check_file` (no separate stat call on the way)."""
     name = str(path)
     try:
-        # unbuffered: FileIO reads the whole file straight into the bytes object (a buffered
-        # reader adds a copy through its own buffer)
-        with open(path, "rb", buffering=0) as fh:
-            data = fh.read()
+        # os.read of the size fstat reports: the whole file in one read straight into the bytes
+        # object, four system calls in all (a file object also seeks and reads once more to meet
+        # the end: a few microseconds, a noticeable part of loading a small file)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
         raise InputError(f"{name}: no such file") from None
     except OSError as exc:
-        _check_file(path)  # a directory (IsADirectoryError, or PermissionError on Windows) ...
+        _check_file(path)  # a directory (PermissionError on Windows) ...
         raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
+    try:
+        size = os.fstat(fd).st_size
+        data = os.read(fd, size + 1)
+        if len(data) != size:
+            # a short read (a huge file, some file systems), a file that grew, or one whose size is
+            # not known (a pipe reports 0): read on to the end
+            chunks = [data]
+            while chunks[-1]:
+                chunks.append(os.read(fd, 1 << 20))
+            data = b"".join(chunks)
+    except OSError as exc:
+        _check_file(path)  # a directory (it opens, and reading it fails with EISDIR) ...
+        raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
     if not data:
         raise InputError(f"{name}: file is empty")
     if gz:
@@ -348,15 +364,16 @@ _SCAN_BLOCK = 1 << 16
 
 
 def _all(mask: np.ndarray) -> bool:
-    """``mask.all()`` for a contiguous bool array, as a search for a zero byte in a copy of its bytes:
-    a third of the cost of NumPy's reduction for the arrays of a small file (whose per-call overhead
-    is most of the cost)."""
-    return b"\x00" not in mask.tobytes()
+    """``mask.all()`` for a 1-D bool array, as the value at ``argmin`` (NumPy finds the first False
+    of a bool array with a vectorised byte search and stops there): about a fifth of the cost of
+    NumPy's reduction for the arrays of a small file (whose per-call overhead is most of the cost),
+    and a third of a search in a copy of the bytes for a large one."""
+    return not mask.shape[0] or bool(mask[mask.argmin()])
 
 
 def _any(mask: np.ndarray) -> bool:
-    """``mask.any()`` for a contiguous bool array (see :func:`_all`)."""
-    return b"\x01" in mask.tobytes()
+    """``mask.any()`` for a 1-D bool array (see :func:`_all`)."""
+    return bool(mask.shape[0]) and bool(mask[mask.argmax()])
 
 
 def _newlines(buf: np.ndarray) -> np.ndarray:
@@ -634,7 +651,7 @@ class _KeyMemo:
         known = state[0]
         if not known.size:
             return None
-        at = np.searchsorted(known, keys)
+        at = known.searchsorted(keys)  # (the method: np.searchsorted adds a wrapper call)
         # mode="clip": a key above every known one lands on the last and fails the comparison, done
         # on the bytes (one memcmp, cheaper than an elementwise comparison and a reduction)
         if known.take(at, mode="clip").tobytes() != keys.tobytes():
@@ -733,9 +750,22 @@ _CHAR = _char_table()
 
 
 def _char_column(keys: np.ndarray) -> np.ndarray:
-    """One-column field (uint8 per row) to '<U1', by one lookup per row (``take``: cheaper than
-    checking for a column of one value and filling)."""
+    """One-column field (uint8 per row) to '<U1', by one lookup per row (``take``); a blank column
+    (insertion codes, nearly always) is a zeroed array, the cheaper of the two."""
+    if _is_blank(keys):
+        return np.zeros(keys.shape[0], dtype="<U1")
     return _CHAR.take(keys)
+
+
+def _is_blank(keys: np.ndarray) -> bool:
+    """Whether a one-column field (uint8 per row, any stride) is blank on every row: one bytes
+    comparison, the cheapest test of it."""
+    raw = keys.tobytes()
+    n = len(raw)
+    return raw == (_BLANK_BYTES[:n] if n <= len(_BLANK_BYTES) else b" " * n)
+
+
+_BLANK_BYTES = b" " * 65536
 _ELEMENTS: tuple[np.ndarray, np.ndarray] | None = None
 
 
@@ -778,6 +808,8 @@ def _parse_coords(rows: _Rows, line_no, name: str) -> tuple[np.ndarray, bool]:
     out = np.empty((n, 3), dtype=np.float32)
     xyz = rows.fields["xyz"]
     step = max(1, _COORD_CHUNK // 3)
+    if n <= step:  # (one pass: no slicing)
+        return out, _parse_coord_fields(xyz, out, 0, line_no, name)
     finite = True
     for a in range(0, n, step):
         finite &= _parse_coord_fields(xyz[a : a + step], out[a : a + step], a, line_no, name)
@@ -815,6 +847,12 @@ def _coord_forms() -> np.ndarray:
 
 _HASH = 11830416603374763041  # odd multiplier found by search: the seven forms hash apart
 _COORD_FORMS = _coord_forms()
+# The constants of _parse_coord_fields as NumPy scalars made once (a scalar costs a fraction of a
+# microsecond to make, a few percent of decoding a small file's coordinates).
+_C48, _C10 = np.uint8(48), np.uint8(10)
+_CHASH, _C8, _C16, _C32, _C61 = np.uint64(_HASH), np.uint64(8), np.uint64(16), np.uint64(32), np.uint64(61)
+_C_MUL1, _C_MUL2, _C_MUL3 = np.uint64(1 + (10 << 8)), np.uint64(1 + (100 << 16)), np.uint64(1 + (1000 << 32))
+_C_MASK1, _C_MASK2 = np.uint64(0x00FF00FF00FF00FF), np.uint64(0x0000FFFF0000FFFF)
 
 
 def _parse_coord_fields(fields: np.ndarray, out: np.ndarray, first: int, line_no, name: str) -> bool:
@@ -834,15 +872,15 @@ def _parse_coord_fields(fields: np.ndarray, out: np.ndarray, first: int, line_no
     """
     m = fields.shape[0]
     k = 3 * m
-    # one work array (see _scratch) holds the text, the digits, their mask and the hash slots
-    work = _scratch("coords", 96 * m, np.uint8)
+    # one work array (see _scratch) holds the text, the digits and their mask, then the hash slots
+    work = _scratch("coords", 72 * m, np.uint8)
     text, d, isdig = work[: 24 * m], work[24 * m : 48 * m], work[48 * m : 72 * m].view(bool)
     np.copyto(text.view("V24"), fields)  # the rows' columns 31-54 side by side: contiguous from here on
-    np.subtract(text, np.uint8(48), out=d)
-    d *= np.less(d, np.uint8(10), out=isdig).view(np.uint8)  # wrapped non-digits -> 0 (uint8 x uint8: no cast)
+    np.subtract(text, _C48, out=d)
+    d *= np.less(d, _C10, out=isdig).view(np.uint8)  # wrapped non-digits -> 0 (uint8 x uint8: no cast)
     form = np.subtract(text, d, out=text).view("<u8")  # (the text itself is not needed again)
-    slot = np.multiply(form, np.uint64(_HASH), out=work[72 * m :].view("<u8"))
-    slot >>= np.uint64(61)
+    slot = np.multiply(form, _CHASH, out=isdig.view("<u8"))  # (the digit mask is not needed again)
+    slot >>= _C61
     slot = slot.view(np.int64)  # 0..7
     expected = _COORD_FORMS.take(slot)
     if _all(expected["form"] == form):
@@ -852,14 +890,14 @@ def _parse_coord_fields(fields: np.ndarray, out: np.ndarray, first: int, line_no
         # field at once. (A float matrix product would be two calls, but OpenBLAS starts threads
         # for it above ~9k elements, which costs more than it saves.)
         v = d.view("<u8")
-        v *= np.uint64(1 + (10 << 8))
-        v >>= np.uint64(8)
-        v &= np.uint64(0x00FF00FF00FF00FF)
-        v *= np.uint64(1 + (100 << 16))
-        v >>= np.uint64(16)
-        v &= np.uint64(0x0000FFFF0000FFFF)
-        v *= np.uint64(1 + (1000 << 32))  # (the product's bits past 64 are the part not wanted)
-        v >>= np.uint64(32)
+        v *= _C_MUL1
+        v >>= _C8
+        v &= _C_MASK1
+        v *= _C_MUL2
+        v >>= _C16
+        v &= _C_MASK2
+        v *= _C_MUL3  # (the product's bits past 64 are the part not wanted)
+        v >>= _C32
         flat = out.reshape(k)
         np.copyto(flat, v, casting="unsafe")  # exact: below 2**24
         flat /= expected["divisor"]
@@ -1049,9 +1087,10 @@ def _parse_pdb(data: bytes, name: str, *, altloc: str, model, path: str | Path |
         rows, atom_lines, hetero, model_id, model_numbers = _atom_lines(data, name)
         line_no = (lambda lines: lambda i: int(lines[i]) + 1)(atom_lines)
 
-    has_alt = rows.get(16, 1) != 32
     keep = None
-    if _any(has_alt):
+    alt = rows.get(16, 1)
+    if not _is_blank(alt):
+        has_alt = alt != 32
         # Altlocs of one atom share model, chain, residue number, insertion code (cols 22-27) and name.
         key_a, key_b = rows.get(21, 4), rows.get(25, 2)
         change = np.ones(rows.n, dtype=bool)
@@ -1103,12 +1142,13 @@ def _atom_block(data: bytes) -> tuple[_Rows, Callable[[int], int], np.ndarray] |
 
     The usual file has its ATOM/HETATM lines in one run of consecutive lines of one length, or in a
     few such runs between other records (TER after each chain), with no MODEL or ENDMDL record
-    among or before them (a single model). Byte searches find the first and last atom line (from
-    the front and the back, so header and trailer are skipped rather than scanned line by line),
-    and a few comparisons over the rows confirm the layout: every row starts with ATOM or HETA,
-    ends at a newline, and holds no other newline. One run is used in place (nothing is copied);
-    several are copied next to each other (one copy per run; more than ``_MAX_BLOCKS`` runs go to
-    the general reader). Line numbers are worked out only for an error message.
+    among or before them (a single model). One regular-expression search finds the first line
+    that starts with ATOM, HETA, MODE or ENDM (an atom line, or MODEL/ENDMDL first: the general
+    reader) and byte searches from the back find the last atom line, so header and trailer are
+    skipped rather than scanned line by line; a few comparisons over the rows confirm the layout:
+    every row starts with ATOM or HETA, ends at a newline, and holds no other newline. One run is
+    used in place (nothing is copied); several are copied next to each other (one copy per run;
+    more than ``_MAX_BLOCKS`` runs go to the general reader). Line numbers are worked out only for an error message.
 
     ``data`` ends with a newline and holds no carriage return.
 
@@ -1123,11 +1163,12 @@ def _atom_block(data: bytes) -> tuple[_Rows, Callable[[int], int], np.ndarray] |
     if data.startswith((b"ATOM", b"HETA")):
         first = 0
     else:
-        a = data.find(b"\nATOM")
-        h = data.find(b"\nHETA", 0, a if a >= 0 else len(data))
-        first = (h if h >= 0 else a) + 1
-        if first == 0 or _has_record(data, (b"MODE", b"ENDM"), 0, first):
+        # One search finds the first line that starts with any of the four records (the header is
+        # a fifth of a small file: four separate byte searches through it cost twice as much).
+        found = None if data.startswith((b"MODE", b"ENDM")) else _FIRST_RECORD.search(data)
+        if found is None or data[found.start() + 1] in b"ME":
             return None  # no atom line at all, or MODEL/ENDMDL before them: the general reader
+        first = found.start() + 1
     length = data.find(b"\n", first) - first  # of the first atom line: every row must have it
     stride = length + 1
     # The last atom line, searched from the back (the trailer - TER, CONECT, END - is short; a
@@ -1187,21 +1228,31 @@ def _atom_block(data: bytes) -> tuple[_Rows, Callable[[int], int], np.ndarray] |
     return found[0], line_no, found[1]
 
 
+# A line that starts with an atom record or MODEL/ENDMDL, its newline included (the header's end, for
+# _atom_block). The literal newline lets the regex engine skip from line to line.
+_FIRST_RECORD = re.compile(rb"\n(?:ATOM|HETA|MODE|ENDM)")
+
+
 def _checked_rows(buffer, base: int, stride: int, n: int, width: int) -> tuple[_Rows, np.ndarray] | None:
     """``n`` rows of ``stride`` bytes at ``base`` of ``buffer`` as :class:`_Rows`, and their HETATM
     mask, if every row starts with ATOM or HETA and is one line (a newline at its end and none
     before); else None."""
-    rec = np.ndarray((n,), "<u4", buffer=buffer, offset=base, strides=(stride,))
+    rows = _Rows(buffer, base, stride, n, width)
+    rec = rows.fields["c0w4"]  # columns 1-4 (a field of the rows' view: cheaper than a new strided array)
     hetero = rec == _REC_HETA
-    ends = np.ndarray((n,), np.uint8, buffer=buffer, offset=base + stride - 1, strides=(stride,))
+    if not _all(hetero | (rec == _REC_ATOM)):
+        return None
     text = np.frombuffer(buffer, dtype=np.uint8, count=n * stride, offset=base)
-    if (
-        _all(hetero | (rec == _REC_ATOM))
-        and _all(ends == 10)
-        and np.count_nonzero(np.equal(text, 10, out=_scratch("scan", n * stride, bool))) == n
-    ):
-        return _Rows(buffer, base, stride, n, width), hetero
-    return None
+    # (in the coordinate decoder's work array, next to be used: the load touches less memory, which
+    # counts when other work has run in between and the caches are cold)
+    newline = np.equal(text, 10, out=_scratch("coords", n * stride, np.uint8).view(bool))
+    # Flip the last column's flags: one line per row leaves no flag set (one search for a set flag
+    # instead of a count of them and a check of the row ends).
+    ends = newline[stride - 1 :: stride]
+    np.logical_not(ends, out=ends)
+    if _any(newline):
+        return None
+    return rows, hetero
 
 
 def _has_record(data: bytes, records: tuple[bytes, ...], start: int, end: int) -> bool:
@@ -1295,7 +1346,7 @@ def _atom_table_from_pdb(rows: _Rows, n: int, hetero, line_no, name) -> AtomTabl
     pair |= name_key
     at, names, resnames = _atom_text(pair, name_key, res_key)
     table, valid = _element_table()
-    el_key = rows.get(76, 2, n)
+    el_key = rows.get(76, 2, n).astype(np.intp)  # (two lookups by intp: cheaper than two casts inside take)
     ok = valid.take(el_key)
     if _all(ok):
         element = table.take(el_key)
@@ -1307,7 +1358,9 @@ def _atom_table_from_pdb(rows: _Rows, n: int, hetero, line_no, name) -> AtomTabl
         element[bad] = _guessed_elements(pair[bad], name_key[bad], res_key[bad])
     segid_key = rows.get(72, 4, n)
     segid_bytes = segid_key.tobytes()
-    if segid_bytes == segid_bytes[:4] * n:  # the usual case: one segment id (or none) for the file
+    if segid_bytes == _BLANK_BYTES[: len(segid_bytes)]:  # the usual case: no segment ids
+        segid = np.zeros(n, dtype="<U4")  # ('<U4' zeros are empty strings)
+    elif segid_bytes == segid_bytes[:4] * n:  # one segment id for the file
         segid = np.empty(n, dtype="<U4")
         segid.fill(_text_of(segid_key[0], 4))
     else:

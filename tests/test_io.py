@@ -288,6 +288,16 @@ _ONE_RUN_VARIANTS = {
     "endmdl_between_runs": lambda ls: ls[:900] + ["ENDMDL"] + ls[900:],
     "ter_then_other_length": lambda ls: ls[:900] + ["TER"] + [x[:70] for x in ls[900:]],
     "many_ters": lambda ls: [y for k, x in enumerate(ls) for y in ([x, "TER"] if k % 40 == 39 else [x])],
+    # the header's end is found by one search for the first ATOM/HETA/MODE/ENDM line
+    "endmdl_after_header_lines": lambda ls: ls[:3] + ["ENDMDL"] + ls[3:],
+    "model_after_header_lines": lambda ls: ls[:3] + ["MODEL        4"] + ls[3:] + ["ENDMDL"],
+    "record_words_mid_line": lambda ls: ["HEADER    ATOM HETATM MODEL ENDMDL"] + ls,
+    # blank columns are recognised by one bytes comparison; anything else is decoded
+    "segid_one_for_all": lambda ls: [x[:72] + "PROT" + x[76:] if x.startswith("ATOM") else x for x in ls],
+    "segid_on_some": lambda ls: [x[:72] + "S" + str(k % 3) + x[74:] if x.startswith("ATOM") else x
+                                 for k, x in enumerate(ls)],
+    "altloc_on_one": lambda ls: ls[:30] + [ls[30][:16] + "A" + ls[30][17:]] + ls[31:],
+    "icode_on_one": lambda ls: ls[:30] + [ls[30][:26] + "B" + ls[30][27:]] + ls[31:],
 }
 
 
@@ -430,6 +440,49 @@ def test_coordinate_fields_equal_float(fields):
         return
     _parse_coord_fields(text, out, 0, lambda i: i + 1, "x.pdb")
     np.testing.assert_array_equal(out.ravel().view(np.uint32), expected.view(np.uint32))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.booleans(), max_size=40))
+def test_all_any_match_numpy(values):
+    from protgpu.io import _all, _any
+
+    mask = np.array(values, dtype=bool)
+    for m in (mask, mask[::2], mask[::-1]):
+        assert _all(m) == bool(m.all()) and _any(m) == bool(m.any())
+
+
+def test_read_bytes_in_pieces(tmp_path, monkeypatch):
+    # One os.read of the size fstat gives is the usual read; a short read (a huge file, some file
+    # systems), a file that grew meanwhile or one whose size is not known reads on to the end.
+    import protgpu.io as pio
+
+    whole = ADK.read_bytes()
+    expected = _outcome(lambda: load(ADK))
+    real_read, real_fstat = os.read, os.fstat
+    for cap, size_delta in ((1000, 0), (1 << 30, -len(whole)), (1 << 30, -10), (777, -len(whole))):
+        with monkeypatch.context() as m:
+            m.setattr(pio.os, "read", lambda fd, n, cap=cap: real_read(fd, min(n, cap)))
+            m.setattr(pio.os, "fstat", lambda fd, d=size_delta: os.stat_result(
+                tuple(real_fstat(fd))[:6] + (real_fstat(fd).st_size + d,) + tuple(real_fstat(fd))[7:]
+            ))
+            assert pio._read_bytes(str(ADK), False) == whole
+            assert _outcome(lambda: load(ADK)) == expected
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_load_from_named_pipe(tmp_path):
+    import threading
+
+    fifo = tmp_path / "pipe.pdb"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(ADK.read_bytes()))
+    writer.start()
+    try:
+        s = load(str(fifo))
+    finally:
+        writer.join()
+    assert _outcome(lambda: s) == _outcome(lambda: load(ADK))
 
 
 @settings(max_examples=100, deadline=None)
