@@ -108,7 +108,7 @@ _MIRROR, _ZERO_DIAG, _UPPER_ONLY, _CONDENSED = 1, 2, 4, 8
 # CPU path. Each chunk or group is one task for the worker threads; none of these sizes depends on the
 # number of threads, so neither do the results.
 _CPU_TILE = 512  # frames per all-vs-all tile side: the tile's GEMM blocks are 9 * 512^2 float64 (19 MB)
-_CPU_CHUNK_BYTES = 96 << 20  # float64 working set of one chunk of frames moved by superpose()
+_CPU_CHUNK_BYTES = 96 << 20  # float64 working set of one task of rmsd()/superpose()'s frames (moved coordinates)
 _QCP_CHUNK_PAIRS = 8192  # pairs (or frames) per vectorised QCP call: ~30 float64 temporaries in cache
 _CACHE_CHUNK_BYTES = 8 << 20  # float64 working set of one chunk of frames (centring, moments, moving)
 
@@ -1664,8 +1664,7 @@ def _stream_condensed(plan, out, budget, row_starts=None, rows=None):
 
     # A strip's store into a NumPy destination is split over helper threads as well: one thread's
     # copy into pageable memory runs at a fraction of the host's memory bandwidth.
-    n_pieces = _store_pieces()
-    helpers = concurrent.futures.ThreadPoolExecutor(max_workers=n_writers * (n_pieces - 1)) if n_pieces > 1 else None
+    n_pieces = _store_pieces()  # (the helper pool, ``helpers``, is opened below with the writers)
 
     def store(ev, buf, k0, k1):
         ev.synchronize()
@@ -1684,9 +1683,9 @@ def _stream_condensed(plan, out, budget, row_starts=None, rows=None):
         for o in others:
             o.result()
 
-    with contextlib.ExitStack() as stack, concurrent.futures.ThreadPoolExecutor(max_workers=n_writers) as writer:
-        if helpers is not None:
-            stack.enter_context(helpers)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=n_writers) as writer, \
+            (concurrent.futures.ThreadPoolExecutor(max_workers=n_writers * (n_pieces - 1)) if n_pieces > 1
+             else contextlib.nullcontext()) as helpers:
         k = 0
         for i0 in (range(0, f, rows) if row_starts is None else row_starts):
             i1 = min(f, i0 + rows)
