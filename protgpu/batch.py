@@ -338,6 +338,39 @@ class Job:
         workers start. Errors should be left for the inputs to meet."""
 
 
+def _warm_device(device: str, on_gpu: Callable[[], object] | None = None) -> bool | None:
+    """The device part of a built-in job's :meth:`Job.warm_up`: decide ``device`` and, on the GPU, call
+    ``on_gpu`` (a small computation that creates the CUDA context and loads the job's kernels).
+
+    For ``device="auto"`` this is where CuPy is imported and a GPU looked for: the engine calls warm-ups
+    once its parse workers have started, so they are still forked (see :func:`_fork_is_safe`); a job
+    (or the CLI) that decided ``auto`` before the run would have them come from a forkserver instead.
+    Errors (``device="gpu"`` without a GPU, a kernel that does not build) are swallowed: the first
+    batch meets them again and stops the run with a one-line error naming its input.
+
+    Parameters
+    ----------
+    device : {"auto", "cpu", "gpu"}
+    on_gpu : callable, optional
+        Called with no argument when the work runs on the GPU.
+
+    Returns
+    -------
+    bool or None
+        Whether the job's work runs on the GPU; None when deciding failed.
+    """
+    from ._array import dispatch
+
+    try:
+        gpu = dispatch(device=device).on_gpu
+    except Exception:  # the inputs will meet it again and report it properly
+        return None
+    if gpu and on_gpu is not None:
+        with contextlib.suppress(Exception):
+            on_gpu()
+    return gpu
+
+
 def _select(s, select: str | None, path: str):
     if not select:
         return s
@@ -529,13 +562,10 @@ class ScoreJob(Job):
         which creates the CUDA context, loads the kernels and puts the pair lists on the device. With
         ``device="auto"`` this is also where the device is decided (importing CuPy when there is a
         GPU): the engine calls it after its parse workers started."""
-        from ._array import dispatch
-
         saved = dict(self.stats)
         try:
-            if dispatch(device=self.device).on_gpu:
-                self.compute([self.reference])
-            elif self.want_lddt:
+            on_gpu = _warm_device(self.device, lambda: self.compute([self.reference]))
+            if on_gpu is False and self.want_lddt:  # (None: no device, the first batch says why)
                 self._lddt_reference()
         except Exception:  # the inputs will meet it again and report it properly
             pass
@@ -657,6 +687,14 @@ class DistancesJob(Job):
 
     def size(self, item) -> object:
         return (item["coords"].shape[1], item["box"] is not None)
+
+    def warm_up(self) -> None:
+        """Decide ``device="auto"`` once the engine's parse workers have started (:func:`_warm_device`);
+        on the GPU also compute one 2-atom matrix, which creates the CUDA context and loads the
+        distance kernel (every box mode runs the same kernel) while the workers parse."""
+        from .distances import distances
+
+        _warm_device(self.device, lambda: distances(np.zeros((1, 2, 3), np.float32), device=self.device))
 
     def compute(self, items: list) -> list:
         from .distances import distances

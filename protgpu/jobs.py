@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .batch import MANIFEST_FORMAT, Job, Result
+from .batch import MANIFEST_FORMAT, Job, Result, _warm_device
 from .errors import InputError
 
 # require_zarr, remove_stale_stores and write_run_record are the CLI's helpers: importable, not listed
@@ -101,6 +101,17 @@ class ContactsJob(Job):
         from .io import load
 
         return path, load(path, top=self.top)
+
+    def warm_up(self) -> None:
+        """Decide ``device="auto"`` once the engine's parse workers have started
+        (:func:`protgpu.batch._warm_device`); on the GPU also load the contact-map kernel (Structures hold
+        float32 coordinates, so the float32 one), which creates the CUDA context while the workers parse."""
+        def load_kernel():
+            from . import _cuda
+
+            _cuda.get_kernel("contacts", "contact_map_f32")
+
+        _warm_device(self.device, load_kernel)
 
     def compute_one(self, item):
         from .contacts import contacts
@@ -224,6 +235,15 @@ class RmsdJob(Job):
 
     def size(self, item) -> object:
         return item["coords"].shape[1]
+
+    def warm_up(self) -> None:
+        """Decide ``device="auto"`` once the engine's parse workers have started
+        (:func:`protgpu.batch._warm_device`); on the GPU also take the RMSD of the reference to itself,
+        which creates the CUDA context and loads the QCP kernels while the workers parse."""
+        from .superpose import rmsd
+
+        _warm_device(self.device, lambda: rmsd(self.ref_compact, self.ref_compact, fit=self.fit_idx,
+                                               atoms=self.meas_idx, device=self.device))
 
     def compute_one(self, item):
         from ._array import to_numpy

@@ -336,3 +336,216 @@ def test_gpu_cli_forks_before_cuda_and_scores_like_a_forced_gpu(tmp_path, datase
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "auto.csv").read_bytes() == (tmp_path / "gpu.csv").read_bytes()
+
+
+# --------------------------------------------------------------------------------------------------
+# distances, contacts and rmsd decide --device auto in their warm-up, like score
+
+
+def _device_job(kind: str, ref: Path, device: str):
+    from protgpu.io import load
+    from protgpu.jobs import ContactsJob, RmsdJob
+
+    if kind == "distances":
+        return batch.DistancesJob(select="name CA", summary=True, device=device)
+    if kind == "contacts":
+        return ContactsJob(scheme="ca", cutoff=8.0, device=device)
+    return RmsdJob(load(ref), reference_name=str(ref), fit="name CA", device=device)
+
+
+def _outputs(job, folder: Path, **kw) -> tuple[dict, dict]:
+    """Each input's rows (without the contacts row's timing) and arrays, by file name."""
+    got: dict = {}
+    s = batch.run(folder, job, quiet=True, on_result=lambda r: got.__setitem__(os.path.basename(r.input), r), **kw)
+    assert s.n_failed == 0 and s.n_ok == len(got)
+    rows = {k: [{c: v for c, v in row.items() if c != "seconds"} for row in r.rows] for k, r in got.items()}
+    return rows, {k: r.arrays for k, r in got.items()}
+
+
+@pytest.fixture
+def device_events(monkeypatch):
+    """In order: ("pool", kind, start method) when a parse pool is handed a task, ("decide",) when a
+    device is decided (the step that imports CuPy on a GPU machine). The recorder answers "no GPU", so
+    "auto" gives the CPU here and on a GPU machine alike."""
+    from protgpu import _array
+
+    events: list = []
+
+    def no_gpu() -> bool:
+        events.append(("decide",))
+        return False
+
+    monkeypatch.setattr(_array, "gpu_available", no_gpu)
+    monkeypatch.setattr(_array, "_gpu_reason", "none in this test")
+    submit = batch._Parser.submit
+
+    def recording_submit(self, chunk):
+        events.append(("pool", self.kind, self.start_method))
+        return submit(self, chunk)
+
+    monkeypatch.setattr(batch._Parser, "submit", recording_submit)
+    return events
+
+
+@pytest.mark.parametrize("kind", ["distances", "contacts", "rmsd"])
+def test_job_decides_auto_after_the_pool_started(tmp_path, datasets, device_events, kind):
+    ref = _pdb_models(datasets, tmp_path / "models", 34)
+    job = _device_job(kind, ref, "auto")
+    assert device_events == []  # building the job decides nothing
+    got = _outputs(job, tmp_path / "models", pool="process", jobs=2)
+    assert device_events[0][:2] == ("pool", "process") and ("decide",) in device_events
+    first = device_events.index(("decide",))
+    assert all(e[0] == "pool" for e in device_events[:first]), device_events
+    # the pool was started (workers forked when safe) before the warm-up decided: same results as the CPU's
+    n = len(device_events)
+    want = _outputs(_device_job(kind, ref, "cpu"), tmp_path / "models", pool="inline")
+    assert device_events[n:] == []  # an explicit CPU decides nothing
+    assert got[0] == want[0] and len(got[0]) == 34
+    for name, arrays in want[1].items():
+        assert arrays.keys() == got[1][name].keys()
+        for key, a in arrays.items():
+            np.testing.assert_array_equal(got[1][name][key], a)
+
+
+@pytest.mark.parametrize("kind", ["distances", "contacts", "rmsd"])
+def test_cli_decides_auto_after_the_pool_started(tmp_path, datasets, device_events, capsys, kind):
+    from protgpu.cli import main
+
+    ref = _pdb_models(datasets, tmp_path / "models", 34)
+    suffix = ".csv" if kind == "rmsd" else ".npz"
+    extra = {"distances": ["-s", "name CA"], "contacts": ["--scheme", "ca", "--cutoff", "8"],
+             "rmsd": ["--ref", str(ref), "-s", "name CA"]}[kind]
+
+    def cli(device: str) -> tuple[Path, str]:
+        out = tmp_path / f"{device}{suffix}"
+        assert main([kind, str(tmp_path / "models"), *extra, "-j", "2", "--device", device, "-o", str(out)]) == 0
+        text = capsys.readouterr()
+        return out, text.out + text.err
+
+    auto, said = cli("auto")
+    first = device_events.index(("decide",))
+    assert first > 0 and all(e[0] == "pool" for e in device_events[:first]), device_events
+    assert "on the CPU" in said
+    cpu, _ = cli("cpu")
+    if suffix == ".csv":
+        assert auto.read_bytes() == cpu.read_bytes()
+    else:
+        with np.load(auto) as a, np.load(cpu) as c:
+            assert a.files == c.files and len(a.files) > 34
+            for k in a.files:
+                np.testing.assert_array_equal(a[k], c[k])
+    # a forced GPU is still checked at once: one line, before any input is parsed, nothing written
+    del device_events[:]
+    out = tmp_path / f"gpu{suffix}"
+    assert main([kind, str(tmp_path / "models"), *extra, "-j", "2", "--device", "gpu", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "no GPU is usable" in err and len(err.strip().splitlines()) == 1
+    assert device_events == [("decide",)] and not out.exists()
+
+
+def test_gpu_warm_up_calls_are_well_formed(tmp_path, datasets, monkeypatch):
+    # Without a GPU the warm-ups' GPU step never runs: run it here with the jobs' own (CPU) device
+    from protgpu import _cuda, jobs
+    from protgpu.io import load
+
+    def always(device, on_gpu=None):
+        on_gpu()  # errors not swallowed: they would show here
+        return True
+
+    monkeypatch.setattr(batch, "_warm_device", always)
+    monkeypatch.setattr(jobs, "_warm_device", always)
+    loaded = []
+    monkeypatch.setattr(_cuda, "get_kernel", lambda *a, **k: loaded.append((a, k)))
+    ref = _pdb_models(datasets, tmp_path / "models", 1)
+    for kind in ("distances", "contacts", "rmsd"):
+        _device_job(kind, ref, "cpu").warm_up()
+    assert loaded == [(("contacts", "contact_map_f32"), {})]
+    assert "contact_map_f32" in _cuda.entry_points("contacts")
+    jobs.RmsdJob(load(ref), fit="name CA", atoms="name N", device="cpu").warm_up()  # measured atoms apart
+
+
+def test_warm_device_decides_and_swallows(monkeypatch):
+    from protgpu import _array
+
+    calls = []
+    assert batch._warm_device("cpu", lambda: calls.append("cpu")) is False and calls == []
+    monkeypatch.setattr(_array, "gpu_available", lambda: False)
+    monkeypatch.setattr(_array, "_gpu_reason", "none in this test")
+    assert batch._warm_device("auto", lambda: calls.append("auto")) is False and calls == []
+    assert batch._warm_device("gpu", lambda: calls.append("gpu")) is None and calls == []  # first batch says why
+    assert batch._warm_device("tpu") is None
+    monkeypatch.setattr(_array, "gpu_available", lambda: True)
+
+    def fails():
+        calls.append("failed")
+        raise RuntimeError("no kernel")
+
+    assert batch._warm_device("auto", fails) is True and calls == ["failed"]
+
+
+PROBE_CLI = textwrap.dedent('''
+    import json, sys
+    from protgpu import batch
+    from protgpu.cli import main
+
+    events = []
+    submit = batch._Parser.submit
+
+    def recording_submit(self, chunk):
+        events.append(["pool", self.start_method, "cupy" in sys.modules])
+        return submit(self, chunk)
+
+    batch._Parser.submit = recording_submit
+    code = main(sys.argv[1:])
+    events.append(["end", None, "cupy" in sys.modules])
+    print(json.dumps({"code": code, "events": events}))
+''')
+
+
+def _probe_cli(tmp_path, env, *argv):
+    script = tmp_path / "probe_cli.py"
+    script.write_text(PROBE_CLI)
+    r = subprocess.run([sys.executable, str(script), *map(str, argv)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("kind", ["distances", "contacts", "rmsd"])
+def test_fresh_cli_process_forks_its_parse_workers(tmp_path, datasets, kind):
+    ref = _pdb_models(datasets, tmp_path / "models", 34)
+    extra = ["--ref", ref] if kind == "rmsd" else []
+    out, _ = _probe_cli(tmp_path, {**ENV, "PROTGPU_BATCH_START_METHOD": ""}, kind, tmp_path / "models", *extra,
+                        "-s", "name CA", "-j", "2", "-q", "-o", tmp_path / ("o.csv" if kind == "rmsd" else "o.npz"))
+    assert out["code"] == 0
+    pool = [e for e in out["events"] if e[0] == "pool"]
+    assert pool and not pool[0][2]  # no CuPy in the process when its workers started
+    if sys.platform.startswith("linux"):
+        assert pool[0][1] == "fork"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["distances", "contacts", "rmsd"])
+def test_gpu_cli_forks_before_cuda_and_computes_like_a_forced_gpu(tmp_path, datasets, gpu, kind):
+    ref = _pdb_models(datasets, tmp_path / "models", 40, n_res=60)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PROTGPU_BATCH_START_METHOD": ""}
+    env.pop("PROTGPU_DISABLE_GPU", None)
+    extra = ["--ref", ref] if kind == "rmsd" else []
+    suffix = ".csv" if kind == "rmsd" else ".npz"
+    base = [kind, tmp_path / "models", *extra, "-s", "name CA", "-j", "2"]
+    out, said = _probe_cli(tmp_path, env, *base, "-o", tmp_path / f"auto{suffix}")
+    pool = [e for e in out["events"] if e[0] == "pool"]
+    assert out["code"] == 0 and pool and not pool[0][2] and out["events"][-1][2]  # CuPy came after the pool
+    if sys.platform.startswith("linux"):
+        assert pool[0][1] == "fork"
+    r = subprocess.run([sys.executable, "-m", "protgpu.cli", *map(str, base), "--device", "gpu", "-o",
+                        str(tmp_path / f"gpu{suffix}")], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "on the GPU" in (said + r.stdout + r.stderr)
+    if suffix == ".csv":
+        assert (tmp_path / "auto.csv").read_bytes() == (tmp_path / "gpu.csv").read_bytes()
+    else:
+        with np.load(tmp_path / "auto.npz") as a, np.load(tmp_path / "gpu.npz") as g:
+            assert a.files == g.files
+            for k in a.files:
+                np.testing.assert_array_equal(a[k], g[k])

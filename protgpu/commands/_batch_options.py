@@ -108,6 +108,19 @@ def job_device(args) -> tuple[str, str]:
                                                  else local.upper())
 
 
+def late_device(args) -> str:
+    """The device a batch job gets when the job's :meth:`~protgpu.batch.Job.warm_up` decides ``auto``.
+
+    ``auto`` stays ``auto``: the engine calls the warm-up once its parse workers have started, whereas
+    deciding here would import CuPy and start the CUDA driver (about a second) before the first file is
+    parsed, and a process that has loaded CuPy no longer forks its workers (a forkserver costs ~0.5 s
+    more). A forced device is checked at once (:func:`job_device`), so ``--device gpu`` without a GPU is
+    still a one-line error before any input is read. Name the device in messages with
+    ``job_device(args)[1]`` after the run, when ``auto`` has been decided.
+    """
+    return args.device if args.device == "auto" else job_device(args)[0]
+
+
 def run_job(args, job, paths: list[str], *, description: str, on_result=None):
     """Run ``job`` over ``paths`` with the batch options in ``args``; return the
     :class:`protgpu.batch.Summary`. Notes go to stderr unless ``--quiet``."""

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ._batch_options import add_batch_options, job_device, report_failures, run_job
+from ._batch_options import add_batch_options, job_device, late_device, report_failures, run_job
 from ._inputs import expand_inputs
 
 
@@ -103,7 +103,7 @@ def run(args) -> int:
     if args.min_separation < 0:
         raise InputError(f"--min-separation {args.min_separation}: must be >= 0")
     paths = expand_inputs(args.inputs)
-    device, where = job_device(args)
+    device = late_device(args)  # auto: decided by the job's warm-up, after the parse workers started
     targets: dict[str, str] = {}
     if args.plot:
         # one PNG per input, named by the same unique stems as the .npz entries
@@ -123,6 +123,7 @@ def run(args) -> int:
             print(f"{r.input}: {row['summary']}; {how}", flush=True)
 
     summary = run_job(args, job, paths, description="contacts", on_result=show)
+    where = job_device(args)[1]
     if args.out and len(paths) == 1 and not args.shard and summary.n_ok == 1:
         _bare_single_input(str(summary.out))
     if not args.quiet:

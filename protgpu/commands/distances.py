@@ -8,7 +8,7 @@ the same atom count stacked into one :func:`protgpu.distances` call, journaled b
 from __future__ import annotations
 
 from ..errors import InputError
-from ._batch_options import add_batch_options, job_device, report_failures, run_job
+from ._batch_options import add_batch_options, job_device, late_device, report_failures, run_job
 from ._inputs import expand_inputs
 
 
@@ -33,7 +33,7 @@ def run(args) -> int:
             n = len(range(i, len(paths), k))
         if n != 1:
             raise InputError(f"--out {args.out}: a .npy file holds one input's result; use .npz for {n} inputs")
-    device, where = job_device(args)
+    device = late_device(args)  # auto: decided by the job's warm-up, after the parse workers started
     printing = not args.quiet and not args.out
     job = DistancesJob(select=args.select, top=args.top, periodic=args.periodic, summary=printing, device=device)
 
@@ -44,6 +44,7 @@ def run(args) -> int:
                   f"{s['atoms']}) float32 Angstrom; min {s['min']:.3f}, max {s['max']:.3f}", flush=True)
 
     summary = run_job(args, job, paths, description="distances", on_result=show)
+    where = job_device(args)[1]
     if not args.quiet:
         dest = f" to {summary.out}" if summary.out else ""
         resumed = f" ({summary.n_resumed} resumed)" if summary.n_resumed else ""

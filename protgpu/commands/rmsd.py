@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from ..errors import InputError
-from ._batch_options import add_batch_options, job_device, report_failures, run_job
+from ._batch_options import add_batch_options, job_device, late_device, report_failures, run_job
 from ._inputs import expand_inputs
 
 _RMSD_OUT = (".npy", ".npz", ".csv", ".jsonl", ".parquet")
@@ -210,7 +210,7 @@ def run_rmsd(args) -> int:
             raise InputError(f"--out {args.out}: writing parquet needs pyarrow (pip install pyarrow); "
                              "or use .csv / .jsonl") from None
     paths = expand_inputs(args.inputs)
-    device, runs_on = job_device(args)
+    device = late_device(args)  # auto: decided by the job's warm-up, after the parse workers started
     ref = load(args.ref, top=args.top)
     if not -ref.n_frames <= args.ref_frame < ref.n_frames:
         raise InputError(f"--ref-frame {args.ref_frame}: {args.ref} has {ref.n_frames} frame(s)")
@@ -222,6 +222,7 @@ def run_rmsd(args) -> int:
     outcomes: dict = {}  # index -> InputResult, for the record of a one-piece output
     summary = run_job(args if table else _without_out(args), job, paths, description="rmsd",
                       on_result=lambda r: outcomes.__setitem__(r.index, r))
+    runs_on = job_device(args)[1]
     rows = summary.rows
     by_input: dict[str, list] = {}
     for row in rows:
