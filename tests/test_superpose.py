@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -1407,6 +1408,40 @@ def test_fake_device_condensed_strips(fake_device, rows):
     cond = np.full(41 * 40 // 2, np.nan, np.float32)
     assert sp._pairwise_cuda(x, out=cond, condensed=True) is cond  # the public streaming path
     np.testing.assert_allclose(cond, twin, atol=2e-5)
+
+
+def test_fake_device_condensed_into_page_locked_memory(fake_device, monkeypatch):
+    """A page-locked destination is written straight from the device strips: no staging buffer and
+    no writer-thread stores, the same values as the staged path; pageable arrays, views that are not
+    C-contiguous and non-NumPy stores keep the staged path."""
+    import cupy as cp
+    import cupyx
+
+    rng = np.random.default_rng(12)
+    x = (rng.normal(size=(53, 7, 3)) * 4).astype(np.float32)
+    plan = sp._PairPlan(x, None, None, None, "float64", np.float32)
+    staged = np.full(53 * 52 // 2, np.nan, np.float32)
+    sp._stream_condensed(plan, staged, 64 << 20, rows=8)
+
+    pinned = np.full(53 * 52 // 2, np.nan, np.float32)
+    locked = {pinned.ctypes.data, pinned.ctypes.data + pinned.nbytes - 1}
+
+    def attributes(ptr):  # the driver's answer: host memory (1) for the locked range, else unregistered
+        return types.SimpleNamespace(type=1 if ptr in locked else 0)
+
+    monkeypatch.setattr(cp.cuda.runtime, "pointerGetAttributes", attributes, raising=False)
+    staging = []
+    real_empty_pinned = cupyx.empty_pinned
+    monkeypatch.setattr(cupyx, "empty_pinned", lambda *a, **k: staging.append(a) or real_empty_pinned(*a, **k))
+    assert sp._page_locked(pinned)
+    assert not sp._page_locked(np.empty_like(pinned)) and not sp._page_locked(pinned[::2])
+    sp._stream_condensed(plan, pinned, 64 << 20, rows=8)
+    assert staging == []  # no staging buffers
+    np.testing.assert_array_equal(pinned, staged)
+    pageable = np.full_like(staged, np.nan)
+    sp._stream_condensed(plan, pageable, 64 << 20, rows=8)
+    assert staging  # the staged path for pageable memory
+    np.testing.assert_array_equal(pageable, staged)
 
 
 def test_fake_device_condensed_strips_on_a_panel_grid(fake_device, monkeypatch):

@@ -290,6 +290,27 @@ def test_pairwise_devices_spread_equals_one_gpu(gpu, condensed):
         pairwise_rmsd(gpu.asarray(x), devices=[0, 0])
 
 
+def test_pairwise_condensed_into_page_locked_memory(gpu):
+    """A page-locked destination (cupyx.empty_pinned) is recognised and written by the copy engines
+    straight from the device strips; the values are bitwise those of a pageable destination, on one
+    GPU and spread over the visible GPUs."""
+    import cupyx
+
+    rng = np.random.default_rng(13)
+    x = (rng.normal(size=(300, 25, 3)) * 6).astype(np.float32)
+    n = 300 * 299 // 2
+    pageable = sp._pairwise_cuda(x, condensed=True, out=np.zeros(n, np.float32))
+    pinned = cupyx.empty_pinned(n, dtype=np.float32)
+    pinned[:] = np.nan
+    assert sp._page_locked(pinned) and not sp._page_locked(np.zeros(n, np.float32))
+    assert sp._pairwise_cuda(x, condensed=True, out=pinned) is pinned  # the same strips and panels
+    assert np.array_equal(pinned, pageable)
+    spread = pairwise_rmsd(x, condensed=True, out=np.zeros(n, np.float32), devices="all")
+    pinned[:] = np.nan
+    assert pairwise_rmsd(x, condensed=True, out=pinned, devices="all") is pinned
+    assert np.array_equal(pinned, spread)
+
+
 def check_superpose_for_sanitizer() -> None:
     """Every qcp.cu entry point on odd sizes (for compute-sanitizer via tests/sanitize_kernels.py),
     each result checked against the NumPy twin: frame_moments_* / qcp_frames / frame_direct_* (a
