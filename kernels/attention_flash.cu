@@ -6,17 +6,28 @@
 // Logit of query i and key j in head h (log2 units, so that exp2 is the exponential):
 //   log2(e) * (scale * q_i . k_j - gamma_h |x_i - x_j|^2), -inf for masked keys or |x_i - x_j| > cutoff.
 // Without a cutoff the bias is expanded as 2 gamma x_i . x_j - gamma |x_j|^2 - gamma |x_i|^2; the last
-// term is constant along a softmax row and is dropped, so the bias costs 3 FMAs per logit, in float32
-// (16-bit channels would round it to 8 or 11 bits). Coordinates are taken relative to one query residue
-// of the block, so that the expanded terms stay near the size of the distances themselves. With a
-// cutoff the squared distance is needed anyway and comes from the difference; whole key tiles whose
-// bounding box lies beyond the cutoff of a warp's query rows are skipped.
+// term is constant along a softmax row and is dropped. Coordinates are taken relative to one query
+// residue of the block (the origin), so that the expanded terms stay near the size of the distances.
+// What is left is a dot product of an 11-channel query vector with an 11-channel key vector, and it rides
+// on the tensor cores as one more m16n8k16 (float16) mma per 8 keys, ahead of Q K^T in the same float32
+// accumulator: each float32 value is split into float16 hi + lo parts, and hi*hi + hi*lo + lo*hi keeps
+// ~22 bits (a single 16-bit channel would keep 8 or 11):
+//   channel  0-2       3-5       6-8       9     10
+//   query    u_hi      u_hi      u_lo      2^a   2^a      u = g (x_i - o) 2^-t,  g = 2 gamma / scale
+//   key      v_hi      v_lo      v_hi      w_hi  w_lo     v = (x_j - o) 2^t,     w = -g/2 |x_j - o|^2 2^-a
+// so that the accumulator holds q.k + bias / scale and a logit costs one FMA (inside the exponential),
+// as in plain attention, instead of four. Per block, t and a (powers of two, exact) are chosen from the
+// largest |x - o| of its query rows and of all keys, keeping every channel within float16's range; a
+// block whose coordinates span too far for that (|bias| / scale beyond 2^28), or a scale <= 0, takes
+// the float32 path instead: 3 FMAs of bias per logit. Masked keys carry w_hi = -inf.
+// With a cutoff the squared distance is needed anyway and comes from the difference; whole key tiles
+// whose bounding box lies beyond the cutoff of a warp's query rows are skipped.
 //
 // Per key tile a warp does, in this order (FlashAttention-2 practice for mma.sync):
 //   * S = Q K^T: Q fragments stay in registers for the whole kernel; each ldmatrix.x4 of K feeds
 //     2 x FA_MT mma instructions (FA_MT = 2: every K and V fragment serves two 16-row slices);
-//   * logits = S * scale * log2(e) + bias (one FMA after the 3-FMA bias); row maxima within the quad of
-//     threads that holds a row (2 shuffles);
+//   * row maxima of S (which holds the bias already, tensor-core path) within the quad of threads that
+//     holds a row (2 shuffles); on the float32 paths logits = S * scale * log2(e) + bias first;
 //   * lazy rescaling: the reference maximum of a row moves only when the tile's maximum exceeds it by
 //     more than FA_TAU (log2 units), so most tiles skip the rescaling of O (a warp-uniform branch);
 //     P = 2^(logit - reference) is then at most 2^FA_TAU, harmless in float32 and in 16-bit P;
@@ -57,6 +68,9 @@ typedef unsigned int u32;
 #ifndef FA_TAU  // lazy-rescaling threshold in log2 units: P <= 2^FA_TAU (fits float16 and bfloat16)
 #define FA_TAU 8.0f
 #endif
+#ifndef FA_BIAS_MMA  // 1: the distance bias (no cutoff) on the tensor cores; 0: always 3 FMAs per logit
+#define FA_BIAS_MMA 1
+#endif
 
 #define FA_ROWS_PER_WARP (16 * FA_MT)
 #define FA_BLOCK_M (FA_ROWS_PER_WARP * FA_WARPS)
@@ -66,10 +80,20 @@ typedef unsigned int u32;
 // phase fall in 8 different bank groups.
 #define FA_LDS (HEAD_DIM + 8)
 #define FA_TILE_BYTES (FA_BLOCK_N * FA_LDS * 2)
+// Bias channels of one key for the tensor-core bias: 16 float16 (32 bytes); the two 16-byte halves of a
+// row are swapped on rows with bit 2 set, so that the 8 rows an ldmatrix phase reads hit 8 different
+// groups of 4 banks.
+#define FA_XB_HALVES 16
+#define FA_XB_TILE_BYTES (FA_BLOCK_N * FA_XB_HALVES * 2)
+// Bias mode of a block (decided per block, uniform): float32 with a cutoff, float32 without, tensor cores.
+#define FA_MODE_CUTOFF 0
+#define FA_MODE_F32 1
+#define FA_MODE_MMA 2
 
 static_assert(HEAD_DIM % 16 == 0, "the tensor-core path needs HEAD_DIM to be a multiple of 16");
 static_assert(FA_BLOCK_N % 16 == 0, "FA_BLOCK_N must be a multiple of 16");
 static_assert(FA_STAGES == 1 || FA_STAGES == 2, "FA_STAGES is 1 or 2");
+static_assert(2 * FA_WARPS * 4 <= FA_BLOCK_N * 32, "the block reduction borrows the bias area of shared memory");
 static_assert(FA_MT == 1 || FA_MT == 2, "FA_MT is 1 or 2");
 
 #define FA_NEG_INF __int_as_float(0xff800000)
@@ -137,6 +161,24 @@ __device__ __forceinline__ float fa_exp2(float x) {  // 2^x; exp2(-inf) = 0
 
 __device__ __forceinline__ u32 fa_ld32(const unsigned short* p) { return *reinterpret_cast<const u32*>(p); }
 
+// x rounded to float16 (nearest even) and back: the hi part of a hi + lo split (lo = x - hi is exact).
+__device__ __forceinline__ float fa_f16_round(float x) {
+    unsigned short h;
+    float y;
+    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(x));
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(y) : "h"(h));
+    return y;
+}
+
+// Query-side bias channel c (0..15) of one row: see the table at the top.
+__device__ __forceinline__ float fa_query_channel(int c, float hx, float hy, float hz, float lx, float ly, float lz,
+                                                  float pa) {
+    const int k = c < 9 ? c % 3 : 0;
+    const float hi = k == 0 ? hx : (k == 1 ? hy : hz);
+    const float lo = k == 0 ? lx : (k == 1 ? ly : lz);
+    return c < 6 ? hi : (c < 9 ? lo : (c < 11 ? pa : 0.f));
+}
+
 // ---- the kernel --------------------------------------------------------------------------------------
 //   q, k, v, out: (B, L, H, HEAD_DIM) raw 16-bit, C-contiguous; base pointers 16-byte aligned
 //   coords: float32 Angstrom, batch entry b at coords + b * xstride, (L, 3) each (xstride 0: shared)
@@ -149,13 +191,27 @@ __device__ __forceinline__ u32 fa_ld32(const unsigned short* p) { return *reinte
 struct __align__(16) FaSmem {
     unsigned short ks[FA_STAGES][FA_BLOCK_N * FA_LDS];
     unsigned short vs[FA_STAGES][FA_BLOCK_N * FA_LDS];
-    // Per key: (x, y, z, w), relative to the block's origin. No cutoff: w = -gamma log2e |x_j|^2;
-    // cutoff: w = 0. Masked or past the end: (0, 0, 0, -inf); -inf carries through the FMAs.
-    float4 xs[FA_STAGES][FA_BLOCK_N];
+    union {
+        // float32 paths, per key: (x, y, z, w), relative to the block's origin. No cutoff:
+        // w = -gamma log2e |x_j|^2; cutoff: w = 0. Masked or past the end: (0, 0, 0, -inf); -inf carries
+        // through the FMAs.
+        float4 xs[FA_STAGES][FA_BLOCK_N];
+        // tensor-core path, per key: the 16 float16 bias channels (swizzled halves, FA_XB_HALVES).
+        unsigned short xb[FA_STAGES][FA_BLOCK_N * FA_XB_HALVES];
+    };
+};
+// Per-block choice of the bias path and its scales, reduced over the block (see flash_entry).
+struct FaBlockBias {
+    float ox, oy, oz;  // origin: the first real query residue of the block (0 if none)
+    float u_scale;     // query channels: g 2^-t
+    float v_scale;     // key channels: 2^t
+    float w_scale;     // key w channel: -g/2 2^-a
+    float pa;          // query constant channels: 2^a
 };
 
-template <bool BF16, bool CUTOFF>
-__device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const unsigned short* __restrict__ q,
+template <bool BF16, int MODE>
+__device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const FaBlockBias& bb,
+                                                    const unsigned short* __restrict__ q,
                                                     const unsigned short* __restrict__ k,
                                                     const unsigned short* __restrict__ v,
                                                     const float* __restrict__ coords,
@@ -163,6 +219,8 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const unsigned s
                                                     const unsigned char* __restrict__ mask,
                                                     unsigned short* __restrict__ out, int L, int H, int xstride,
                                                     int mstride, float scale, float cutoff2) {
+    constexpr bool CUTOFF = MODE == FA_MODE_CUTOFF;
+    constexpr bool MMAB = MODE == FA_MODE_MMA;  // the bias on the tensor cores
     const int tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31;
     const int grp = lane >> 2, tig = lane & 3;  // mma fragment coordinates: row group, thread in group
@@ -204,25 +262,33 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const unsigned s
             qf[mt][kk][3] = rok[mt][1] ? fa_ld32(q1 + kk * 16 + 8) : 0u;
         }
     }
-    // Origin of the expanded bias (no cutoff): the first real query residue of the block. Any origin
-    // gives the same distances; a near one keeps the expanded terms, and their float32 rounding, small.
-    // Padding residues may hold any coordinates, so they are never the origin.
-    float cx = 0.f, cy = 0.f, cz = 0.f;
-    if (!CUTOFF) {
-        const int first = blockIdx.x * FA_BLOCK_M;
-        const int last = min(L, first + FA_BLOCK_M);
-        int o = -1;
-        for (int i = first; i < last; ++i) {
-            if (mb == nullptr || mb[i]) {
-                o = i;
-                break;
+    const float cx = bb.ox, cy = bb.oy, cz = bb.oz;  // origin of the expanded bias (0 with a cutoff)
+    // Tensor-core bias: this thread's query channels as the A operand of the bias mma, per slice:
+    // rows grp, grp + 8 (registers 0/2 and 1/3), channels 2 tig, 2 tig + 1 and 2 tig + 8, 2 tig + 9.
+    u32 ab[FA_MT][4];
+    if (MMAB) {
+#pragma unroll
+        for (int mt = 0; mt < FA_MT; ++mt) {
+            float ch[2][4];
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                float hx = 0.f, hy = 0.f, hz = 0.f, lx = 0.f, ly = 0.f, lz = 0.f;  // rows past the end: 0
+                if (rok[mt][hh]) {
+                    const int r = row[mt][hh];
+                    const float ux = bb.u_scale * (xb[3 * r] - cx);
+                    const float uy = bb.u_scale * (xb[3 * r + 1] - cy);
+                    const float uz = bb.u_scale * (xb[3 * r + 2] - cz);
+                    hx = fa_f16_round(ux), hy = fa_f16_round(uy), hz = fa_f16_round(uz);
+                    lx = ux - hx, ly = uy - hy, lz = uz - hz;
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    ch[hh][e] = fa_query_channel(2 * tig + (e & 1) + (e >> 1) * 8, hx, hy, hz, lx, ly, lz, bb.pa);
             }
-        }
-        if (o >= 0) {
-            cx = xb[3 * o];
-            cy = xb[3 * o + 1];
-            cz = xb[3 * o + 2];
-            if (!isfinite(cx + cy + cz)) cx = cy = cz = 0.f;
+            ab[mt][0] = fa_pack<false>(ch[0][0], ch[0][1]);
+            ab[mt][1] = fa_pack<false>(ch[1][0], ch[1][1]);
+            ab[mt][2] = fa_pack<false>(ch[0][2], ch[0][3]);
+            ab[mt][3] = fa_pack<false>(ch[1][2], ch[1][3]);
         }
     }
     // Query coordinates: raw (cutoff) or relative to the origin and pre-multiplied by 2 gamma log2e.
@@ -343,6 +409,24 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const unsigned s
         for (int i = 0; i < KPT; ++i) {
             const int r = tid + i * FA_THREADS;
             if (r >= FA_BLOCK_N) continue;
+            if (MMAB) {  // the key's 16 bias channels (table at the top); masked: 0 and w_hi = -inf
+                uint4 c0 = make_uint4(0u, 0u, 0u, 0u), c1 = make_uint4(fa_pack<false>(0.f, FA_NEG_INF), 0u, 0u, 0u);
+                if (pf[i].w != 0.f) {
+                    const float dx = pf[i].x - cx, dy = pf[i].y - cy, dz = pf[i].z - cz;
+                    const float vx = dx * bb.v_scale, vy = dy * bb.v_scale, vz = dz * bb.v_scale;
+                    const float hx = fa_f16_round(vx), hy = fa_f16_round(vy), hz = fa_f16_round(vz);
+                    const float w = bb.w_scale * fmaf(dx, dx, fmaf(dy, dy, dz * dz));
+                    const float wh = fa_f16_round(w);
+                    c0 = make_uint4(fa_pack<false>(hx, hy), fa_pack<false>(hz, vx - hx), fa_pack<false>(vy - hy, vz - hz),
+                                    fa_pack<false>(hx, hy));
+                    c1 = make_uint4(fa_pack<false>(hz, wh), fa_pack<false>(w - wh, 0.f), 0u, 0u);
+                }
+                const int sw = (r >> 2) & 1;  // swizzle: halves swapped on rows with bit 2 set
+                uint4* dst = reinterpret_cast<uint4*>(&sm.xb[st][r * FA_XB_HALVES]);
+                dst[sw] = c0;
+                dst[sw ^ 1] = c1;
+                continue;
+            }
             float4 e = make_float4(0.f, 0.f, 0.f, FA_NEG_INF);
             if (pf[i].w != 0.f) {
                 const float x = pf[i].x - cx, y = pf[i].y - cy, z = pf[i].z - cz;
@@ -360,6 +444,11 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const unsigned s
                     (u32)((((lane >> 4) & 1) * 8 + (lane & 7)) * FA_LDS + ((lane >> 3) & 1) * 8) * 2u;
     const u32 vld = fa_smem_addr(&sm.vs[0][0]) +
                     (u32)((((lane >> 3) & 1) * 8 + (lane & 7)) * FA_LDS + ((lane >> 4) & 1) * 8) * 2u;
+    // Bias channels (tensor-core path): as K, 16 channels a key, halves swizzled by bit 2 of the row.
+    const u32 xbld = fa_smem_addr(&sm.xb[0][0]) +
+                     (u32)((((lane >> 4) & 1) * 8 + (lane & 7)) * FA_XB_HALVES +
+                           ((((lane >> 3) & 1) ^ ((lane >> 2) & 1)) * 8)) * 2u;
+    const float tau = MMAB ? FA_TAU / sl2 : FA_TAU;  // the threshold in the units of the row maxima
 
     load_kv(0, 0);
     fetch_coords(0);
@@ -425,6 +514,19 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const unsigned s
         for (int mt = 0; mt < FA_MT; ++mt)
 #pragma unroll
             for (int n = 0; n < FA_BLOCK_N / 8; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+        if (MMAB) {  // S = bias / scale first (float16 channels, float32 accumulator)
+            const u32 xbst = xbld + (u32)(st * FA_XB_TILE_BYTES);
+#pragma unroll
+            for (int np = 0; np < FA_BLOCK_N / 16; ++np) {
+                u32 b00, b01, b10, b11;
+                fa_ldmatrix_x4(b00, b01, b10, b11, xbst + (u32)(np * 16 * FA_XB_HALVES * 2));
+#pragma unroll
+                for (int mt = 0; mt < FA_MT; ++mt) {
+                    fa_mma<false>(s[mt][2 * np], ab[mt], b00, b01);
+                    fa_mma<false>(s[mt][2 * np + 1], ab[mt], b10, b11);
+                }
+            }
+        }
         const u32 kst = kld + (u32)(st * FA_TILE_BYTES);
 #pragma unroll
         for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
@@ -440,32 +542,43 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const unsigned s
             }
         }
 
-        // ---- bias, mask, cutoff -> logits (log2 units); tile row maxima
+        // ---- bias, mask, cutoff -> logits (log2 units; tensor-core path: S as it is, q.k + bias / scale);
+        // tile row maxima
         float tm[FA_MT][2];
 #pragma unroll
         for (int mt = 0; mt < FA_MT; ++mt) tm[mt][0] = tm[mt][1] = FA_NEG_INF;
+        if (MMAB) {
 #pragma unroll
-        for (int n = 0; n < FA_BLOCK_N / 8; ++n) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float4 xj = xst[n * 8 + tig * 2 + e];
+            for (int n = 0; n < FA_BLOCK_N / 8; ++n)
 #pragma unroll
                 for (int mt = 0; mt < FA_MT; ++mt) {
+                    tm[mt][0] = fmaxf(tm[mt][0], fmaxf(s[mt][n][0], s[mt][n][1]));
+                    tm[mt][1] = fmaxf(tm[mt][1], fmaxf(s[mt][n][2], s[mt][n][3]));
+                }
+        } else {
 #pragma unroll
-                    for (int hh = 0; hh < 2; ++hh) {
-                        float& sv = s[mt][n][2 * hh + e];
-                        float tv;
-                        if (CUTOFF) {
-                            const float dx = ax[mt][hh] - xj.x, dy = ay[mt][hh] - xj.y, dz = az[mt][hh] - xj.z;
-                            const float d2 = fmaf(dx, dx, fmaf(dy, dy, dz * dz));
-                            tv = fmaf(sv, sl2, fmaf(-gl2, d2, xj.w));
-                            if (d2 > cutoff2) tv = FA_NEG_INF;
-                        } else {
-                            tv = fmaf(sv, sl2,
-                                      fmaf(ax[mt][hh], xj.x, fmaf(ay[mt][hh], xj.y, fmaf(az[mt][hh], xj.z, xj.w))));
+            for (int n = 0; n < FA_BLOCK_N / 8; ++n) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float4 xj = xst[n * 8 + tig * 2 + e];
+#pragma unroll
+                    for (int mt = 0; mt < FA_MT; ++mt) {
+#pragma unroll
+                        for (int hh = 0; hh < 2; ++hh) {
+                            float& sv = s[mt][n][2 * hh + e];
+                            float tv;
+                            if (CUTOFF) {
+                                const float dx = ax[mt][hh] - xj.x, dy = ay[mt][hh] - xj.y, dz = az[mt][hh] - xj.z;
+                                const float d2 = fmaf(dx, dx, fmaf(dy, dy, dz * dz));
+                                tv = fmaf(sv, sl2, fmaf(-gl2, d2, xj.w));
+                                if (d2 > cutoff2) tv = FA_NEG_INF;
+                            } else {
+                                tv = fmaf(sv, sl2,
+                                          fmaf(ax[mt][hh], xj.x, fmaf(ay[mt][hh], xj.y, fmaf(az[mt][hh], xj.z, xj.w))));
+                            }
+                            sv = tv;
+                            tm[mt][hh] = fmaxf(tm[mt][hh], tv);
                         }
-                        sv = tv;
-                        tm[mt][hh] = fmaxf(tm[mt][hh], tv);
                     }
                 }
             }
@@ -480,7 +593,7 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const unsigned s
                 x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
                 x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
                 tm[mt][hh] = x;
-                grow |= x > m[mt][hh] + FA_TAU;  // -inf + tau = -inf: the first real logit moves m
+                grow |= x > m[mt][hh] + tau;  // -inf + tau = -inf: the first real logit moves m
             }
         }
 
@@ -490,8 +603,9 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const unsigned s
             for (int mt = 0; mt < FA_MT; ++mt) {
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
-                    const bool up = tm[mt][hh] > m[mt][hh] + FA_TAU;
-                    const float c = up ? fa_exp2(m[mt][hh] - tm[mt][hh]) : 1.f;  // 2^(-inf) = 0
+                    const bool up = tm[mt][hh] > m[mt][hh] + tau;
+                    const float dm = m[mt][hh] - tm[mt][hh];
+                    const float c = up ? fa_exp2(MMAB ? dm * sl2 : dm) : 1.f;  // 2^(-inf) = 0
                     m[mt][hh] = up ? tm[mt][hh] : m[mt][hh];
                     ls[mt][2 * hh] *= c;
                     ls[mt][2 * hh + 1] *= c;
@@ -511,10 +625,19 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const unsigned s
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
                 const float mu = m[mt][hh] == FA_NEG_INF ? 0.f : m[mt][hh];
+                if (MMAB) {  // 2^((S - m) scale log2e) as one FMA and the exponential
+                    const float nm = -mu * sl2;
 #pragma unroll
-                for (int n = 0; n < FA_BLOCK_N / 8; ++n) {
-                    s[mt][n][2 * hh] = fa_exp2(s[mt][n][2 * hh] - mu);
-                    s[mt][n][2 * hh + 1] = fa_exp2(s[mt][n][2 * hh + 1] - mu);
+                    for (int n = 0; n < FA_BLOCK_N / 8; ++n) {
+                        s[mt][n][2 * hh] = fa_exp2(fmaf(s[mt][n][2 * hh], sl2, nm));
+                        s[mt][n][2 * hh + 1] = fa_exp2(fmaf(s[mt][n][2 * hh + 1], sl2, nm));
+                    }
+                } else {
+#pragma unroll
+                    for (int n = 0; n < FA_BLOCK_N / 8; ++n) {
+                        s[mt][n][2 * hh] = fa_exp2(s[mt][n][2 * hh] - mu);
+                        s[mt][n][2 * hh + 1] = fa_exp2(s[mt][n][2 * hh + 1] - mu);
+                    }
                 }
             }
         }
@@ -563,24 +686,108 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const unsigned s
     }
 }
 
+// Per block: the bias path and its scales (see the top of the file), then the body. The origin is the
+// first real query residue of the block: any origin gives the same distances, a near one keeps the
+// expanded terms, and their rounding, small; padding residues may hold any coordinates, so they are
+// the origin only in a block without real rows (its first row with finite coordinates). The tensor-core path also needs the largest squared distance from the origin of the
+// block's query rows (finite ones, padding included) and of all real keys: one pass over the key
+// coordinates (L2-resident, shared by every block) and a block reduction.
+template <bool BF16>
+__device__ __forceinline__ void flash_entry(FaSmem& sm, const unsigned short* q, const unsigned short* k,
+                                            const unsigned short* v, const float* coords, const float* gamma,
+                                            const unsigned char* mask, unsigned short* out, int L, int H,
+                                            int xstride, int mstride, float scale, float cutoff2) {
+    FaBlockBias bb = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (cutoff2 >= 0.f) {
+        flash_attention_mma<BF16, FA_MODE_CUTOFF>(sm, bb, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride,
+                                                  scale, cutoff2);
+        return;
+    }
+    const float* xb = coords + (i64)blockIdx.z * xstride;
+    const unsigned char* mb = mask ? mask + (i64)blockIdx.z * mstride : nullptr;
+    const int first = blockIdx.x * FA_BLOCK_M;
+    const int last = min(L, first + FA_BLOCK_M);
+    int o = -1;  // the first real query row with finite coordinates, else the first finite one
+    for (int i = first; i < last; ++i) {
+        if (!isfinite(xb[3 * i] + xb[3 * i + 1] + xb[3 * i + 2])) continue;
+        if (o < 0) o = i;
+        if (mb == nullptr || mb[i]) {
+            o = i;
+            break;
+        }
+    }
+    if (o >= 0) {
+        bb.ox = xb[3 * o];
+        bb.oy = xb[3 * o + 1];
+        bb.oz = xb[3 * o + 2];
+    }
+    bool mma = false;
+    if (FA_BIAS_MMA && scale > 0.f) {
+        float rq = 0.f, rk = 0.f;  // fmaxf drops NaN (padding rows without coordinates)
+        for (int i = first + (int)threadIdx.x; i < last; i += FA_THREADS) {
+            const float dx = xb[3 * i] - bb.ox, dy = xb[3 * i + 1] - bb.oy, dz = xb[3 * i + 2] - bb.oz;
+            rq = fmaxf(rq, fmaf(dx, dx, fmaf(dy, dy, dz * dz)));
+        }
+        for (int j = threadIdx.x; j < L; j += FA_THREADS) {
+            if (mb != nullptr && !mb[j]) continue;
+            const float dx = xb[3 * j] - bb.ox, dy = xb[3 * j + 1] - bb.oy, dz = xb[3 * j + 2] - bb.oz;
+            rk = fmaxf(rk, fmaf(dx, dx, fmaf(dy, dy, dz * dz)));
+        }
+#pragma unroll
+        for (int sh = 16; sh >= 1; sh >>= 1) {
+            rq = fmaxf(rq, __shfl_xor_sync(0xffffffffu, rq, sh));
+            rk = fmaxf(rk, __shfl_xor_sync(0xffffffffu, rk, sh));
+        }
+        // The reduction borrows the bias area of shared memory, before the body's first tile load.
+        float* red = reinterpret_cast<float*>(&sm.xs[0][0]);
+        const int warp = threadIdx.x >> 5;
+        if ((threadIdx.x & 31) == 0) {
+            red[warp] = rq;
+            red[FA_WARPS + warp] = rk;
+        }
+        __syncthreads();
+        rq = rk = 0.f;
+#pragma unroll
+        for (int w = 0; w < FA_WARPS; ++w) rq = fmaxf(rq, red[w]), rk = fmaxf(rk, red[FA_WARPS + w]);
+        __syncthreads();  // every thread has read it before the first tile's coordinates land there
+        // The accumulator holds q.k + bias / scale: g = 2 gamma / scale multiplies (x_i - o) . (x_j - o).
+        const float g = 2.f * gamma[blockIdx.y] / scale;
+        const float ag = fabsf(g);
+        // |bias| / scale < 2^26 keeps the query and key channels below 2^14 each (and w below 2^25).
+        if (isfinite(ag * fmaxf(rq, rk)) && ag * fmaxf(rq, rk) < 67108864.f) {
+            mma = true;
+            const float gq = ag * sqrtf(rq), rkk = sqrtf(rk);
+            // 2^t balances the query channels (<= gq 2^-t) against the key channels (<= rkk 2^t).
+            const int tmax = rkk > 0.f ? 13 - ilogbf(rkk) : 100;
+            const int tmin = gq > 0.f ? ilogbf(gq) - 13 : -100;
+            const int t = min(100, max(-100, (tmin + tmax) >> 1));
+            const float wmax = 0.5f * ag * rk;
+            const int a = wmax > 0.f ? max(0, ilogbf(wmax) - 13) : 0;
+            bb.u_scale = rkk > 0.f ? ldexpf(g, -t) : 0.f;
+            bb.v_scale = ldexpf(1.f, t);
+            bb.w_scale = ldexpf(-0.5f * g, -a);
+            bb.pa = ldexpf(1.f, a);
+        }
+    }
+    if (mma)
+        flash_attention_mma<BF16, FA_MODE_MMA>(sm, bb, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride,
+                                               scale, cutoff2);
+    else
+        flash_attention_mma<BF16, FA_MODE_F32>(sm, bb, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride,
+                                               scale, cutoff2);
+}
+
 extern "C" __global__ __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) void flash_attention_bf16(
     const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* coords, const float* gamma,
     const unsigned char* mask, __nv_bfloat16* out, int L, int H, int xstride, int mstride, float scale,
     float cutoff2) {
     __shared__ FaSmem sm;
-    if (cutoff2 >= 0.f)
-        flash_attention_mma<true, true>(sm, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale, cutoff2);
-    else
-        flash_attention_mma<true, false>(sm, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale, cutoff2);
+    flash_entry<true>(sm, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale, cutoff2);
 }
 
 extern "C" __global__ __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) void flash_attention_f16(
     const __half* q, const __half* k, const __half* v, const float* coords, const float* gamma,
     const unsigned char* mask, __half* out, int L, int H, int xstride, int mstride, float scale, float cutoff2) {
     __shared__ FaSmem sm;
-    if (cutoff2 >= 0.f)
-        flash_attention_mma<false, true>(sm, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale, cutoff2);
-    else
-        flash_attention_mma<false, false>(sm, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale,
-                                          cutoff2);
+    flash_entry<false>(sm, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale, cutoff2);
 }

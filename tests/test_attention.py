@@ -67,18 +67,67 @@ def round16(a, precision):
     return a.astype(np.float16).astype(np.float32)
 
 
+def _ilogb(z) -> int:
+    return int(np.frexp(np.float32(z))[1]) - 1
+
+
+def _split16(a):
+    """float32 -> (hi, lo) float16 parts as float32: hi = a rounded, lo = the rest rounded."""
+    a = np.asarray(a, np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        hi = a.astype(np.float16).astype(np.float32)
+        lo = (a - hi).astype(np.float16).astype(np.float32)
+    return hi, lo
+
+
+def _tensor_core_bias(x, keep, rows, origin, gamma_h, scale):
+    """The kernel's float16-channel bias of one block (q.k units, i.e. bias / scale), (rows, L), or
+    None where the block takes the float32 bias (scale <= 0, or coordinates too far apart)."""
+    f32 = np.float32
+    if not scale > 0:
+        return None
+    xq = x[rows] - origin
+    fin = np.isfinite(xq).all(-1)
+    rq = f32((xq[fin] ** 2).sum(-1, dtype=f32).max()) if fin.any() else f32(0)
+    xk = x - origin
+    rk = f32((xk[keep] ** 2).sum(-1, dtype=f32).max()) if keep.any() else f32(0)
+    g = f32(f32(2) * f32(gamma_h) / f32(scale))
+    ag = abs(g)
+    if not (np.isfinite(ag * max(rq, rk)) and ag * max(rq, rk) < 2.0**26):
+        return None
+    gq, rkk = ag * np.sqrt(rq), np.sqrt(rk)
+    tmax = 13 - _ilogb(rkk) if rkk > 0 else 100
+    tmin = _ilogb(gq) - 13 if gq > 0 else -100
+    t = min(100, max(-100, (tmin + tmax) >> 1))
+    wmax = f32(0.5) * ag * rk
+    a = max(0, _ilogb(wmax) - 13) if wmax > 0 else 0
+    u_scale = f32(np.ldexp(g, -t)) if rkk > 0 else f32(0)
+    uh, ul = _split16(u_scale * xq)
+    vh, vl = _split16(xk * f32(np.ldexp(1.0, t)))
+    wh, wl = _split16(f32(np.ldexp(-0.5 * g, -a)) * (xk**2).sum(-1, dtype=f32))
+    vh[~keep], vl[~keep], wh[~keep], wl[~keep] = 0, 0, -np.inf, 0
+    d64 = np.float64
+    with np.errstate(invalid="ignore"):
+        acc = (uh.astype(d64) @ vh.T.astype(d64) + uh.astype(d64) @ vl.T.astype(d64)
+               + ul.astype(d64) @ vh.T.astype(d64) + d64(2.0**a) * (wh.astype(d64) + wl.astype(d64)))
+    return acc.astype(f32)
+
+
 def flash_emulate(q, k, v, x, gamma, *, cutoff=None, mask=None, scale=None, block_n=64, block_m=128,
-                  precision="bfloat16", tau=8.0):
-    """NumPy mirror of attention_flash.cu on 16-bit-representable float32 inputs: logits in float32 and
-    log2 units; without a cutoff the bias is expanded about the first real query residue of each block
-    of ``block_m`` rows; key tiles of ``block_n``; per row a reference maximum that moves only when a
-    tile's maximum exceeds it by more than ``tau`` (lazy rescaling), and the running sum; P rounded to
-    16 bits before P V and before it is summed; the output rounded to 16 bits."""
+                  precision="bfloat16", tau=8.0, bias="mma"):
+    """NumPy mirror of attention_flash.cu on 16-bit-representable float32 inputs: without a cutoff the
+    bias is expanded about the first real query residue of each block of ``block_m`` rows, either as
+    the kernel's float16 hi/lo channels on the tensor cores (``bias="mma"``, the default; logits in
+    q.k units) or in float32 (``bias="f32"``, FA_BIAS_MMA=0, and blocks that cannot take the channels;
+    logits in log2 units); key tiles of ``block_n``; per row a reference maximum that moves only when a
+    tile's maximum exceeds it by more than ``tau`` log2 units (lazy rescaling), and the running sum; P
+    rounded to 16 bits before P V and before it is summed; the output rounded to 16 bits."""
     f32 = np.float32
     q, k, v = (np.asarray(a, f32) for a in (q, k, v))
     B, L, H, d = q.shape
     log2e = f32(1.4426950408889634)
-    sl2 = f32((1 / math.sqrt(d) if scale is None else scale) * log2e)
+    sc = f32(1 / math.sqrt(d) if scale is None else scale)
+    sl2 = f32(sc * log2e)
     keep = np.ones((B, L), bool) if mask is None else np.asarray(mask, bool)
     x = np.asarray(x, f32)
     c2 = f32(-1.0 if cutoff is None else cutoff**2)
@@ -86,12 +135,19 @@ def flash_emulate(q, k, v, x, gamma, *, cutoff=None, mask=None, scale=None, bloc
     for b, h, r0 in np.ndindex(B, H, (L + block_m - 1) // block_m):
         rows = slice(r0 * block_m, min(L, (r0 + 1) * block_m))
         gl2 = f32(f32(gamma[h]) * log2e)
+        tc = None
         if cutoff is None:
-            real = np.flatnonzero(keep[b, rows])
+            finite = np.isfinite(x[b, rows]).all(-1)
+            real = np.flatnonzero(keep[b, rows] & finite)
+            real = real if len(real) else np.flatnonzero(finite)  # no real row: the first finite one
             origin = x[b, rows][real[0]] if len(real) else np.zeros(3, f32)
             xr = x[b] - origin
             a = f32(2) * gl2 * xr[rows]  # query side, pre-multiplied
             wk = np.where(keep[b], -gl2 * (xr**2).sum(-1, dtype=f32), f32(-np.inf)).astype(f32)
+            if bias == "mma":
+                tc = _tensor_core_bias(x[b], keep[b], rows, origin, gamma[h], sc)
+        # units of the logits: log2 (float32 bias) or q.k (tensor-core bias: 2^(t sl2) is the weight)
+        unit = f32(1) if tc is None else sl2
         n = rows.stop - rows.start
         m = np.full(n, -np.inf, f32)
         lsum = np.zeros(n, f32)
@@ -99,7 +155,9 @@ def flash_emulate(q, k, v, x, gamma, *, cutoff=None, mask=None, scale=None, bloc
         for n0 in range(0, L, block_n):
             n1 = min(L, n0 + block_n)
             s = q[b, rows, h] @ k[b, n0:n1, h].T
-            if cutoff is None:
+            if tc is not None:
+                t = tc[:, n0:n1] + s
+            elif cutoff is None:
                 t = s * sl2 + (a @ xr[n0:n1].T + wk[n0:n1])
             else:
                 diff = x[b, rows, None, :] - x[b, None, n0:n1, :]
@@ -107,12 +165,13 @@ def flash_emulate(q, k, v, x, gamma, *, cutoff=None, mask=None, scale=None, bloc
                 t = s * sl2 - gl2 * d2
                 t = np.where((d2 > c2) | ~keep[b, None, n0:n1], f32(-np.inf), t)
             tm = t.max(1)
-            up = tm > m + f32(tau)  # -inf + tau = -inf: the first real logit moves the reference
+            up = tm > m + f32(tau) / unit  # -inf + tau = -inf: the first real logit moves the reference
             with np.errstate(invalid="ignore", over="ignore"):
-                corr = np.where(up, np.exp2(m - tm), f32(1)).astype(f32)
+                corr = np.where(up, np.exp2((m - tm) * unit), f32(1)).astype(f32)
             m = np.where(up, tm, m)
             mu = np.where(m == -np.inf, f32(0), m)
-            p16 = round16(np.exp2(t - mu[:, None]), precision)  # the kernel sums the P it multiplies V by
+            with np.errstate(invalid="ignore"):
+                p16 = round16(np.exp2(t * unit - mu[:, None] * unit), precision)  # summed as multiplied
             lsum = lsum * corr + p16.sum(1)
             acc = acc * corr[:, None] + p16 @ v[b, n0:n1, h]
         inv = np.divide(f32(1), lsum, out=np.zeros_like(lsum), where=lsum > 0)

@@ -204,7 +204,8 @@ def test_fused_float16_lengths_and_head_dims(gpu, L, d):
     "overrides",
     [{"FA_BLOCK_N": 16}, {"FA_BLOCK_N": 32}, {"FA_WARPS": 2}, {"FA_WARPS": 8, "FA_MIN_BLOCKS": 1},
      {"FA_STAGES": 1}, {"FA_MIN_BLOCKS": 1}, {"FA_BLOCK_N": 128, "FA_STAGES": 1},
-     {"FA_MT": 1}, {"FA_MT": 1, "FA_WARPS": 8, "FA_MIN_BLOCKS": 2}, {"FA_TAU": "0.0f"}],
+     {"FA_MT": 1}, {"FA_MT": 1, "FA_WARPS": 8, "FA_MIN_BLOCKS": 2}, {"FA_TAU": "0.0f"},
+     {"FA_BIAS_MMA": 0}, {"FA_BIAS_MMA": 0, "FA_MT": 1}],
 )
 def test_tile_configuration_changes_only_rounding(gpu, datasets, monkeypatch, overrides):
     q, k, v, x, gamma = real_problem(datasets)
@@ -214,6 +215,51 @@ def test_tile_configuration_changes_only_rounding(gpu, datasets, monkeypatch, ov
     monkeypatch.setattr(att, "FLASH_OVERRIDES", overrides)
     got = attention(qd, kd, vd, xd, gamma=gamma, method="fused").get().astype(np.float64)
     assert np.max(np.abs(got - base)) <= 2e-3  # one or two float16 roundings of |out| <~ 2
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_bias_on_tensor_cores_matches_the_float32_bias(gpu, datasets, monkeypatch, dtype):
+    """The distance bias as float16 hi/lo channels of one more mma (the default without a cutoff) and
+    the float32 bias (3 FMAs a logit, FA_BIAS_MMA=0) give the same output to 16-bit rounding, both
+    within the accuracy of the float32 path against a float64 reference, masked keys included."""
+    torch = pytest.importorskip("torch")
+    q, k, v, x, gamma = real_problem(datasets, H=8)
+    gamma = np.array([0.0, 0.005, 0.02, 0.1, 0.3, 1.0, 3.0, 10.0])  # up to a bias of ~1e4 nats
+    x = x + np.float32(300.0)  # far from the frame origin: the expansion is about each block's origin
+    mask = np.ones(q.shape[:2], bool)
+    mask[1, 120:] = False
+    dt = getattr(torch, dtype)
+    qt, kt, vt = (torch.from_numpy(a).to("cuda", dt) for a in (q, k, v))
+    xt, mt = torch.from_numpy(x).cuda(), torch.from_numpy(mask).cuda()
+    mma = attention(qt, kt, vt, xt, gamma=gamma, mask=mt, method="fused").double().cpu().numpy()
+    monkeypatch.setattr(att, "FLASH_OVERRIDES", {"FA_BIAS_MMA": 0})
+    f32 = attention(qt, kt, vt, xt, gamma=gamma, mask=mt, method="fused").double().cpu().numpy()
+    q64, k64, v64 = (a.double().cpu().numpy() for a in (qt, kt, vt))
+    ref = attention_numpy(q64, k64, v64, x, gamma=gamma, mask=mask)
+    one = 2.0**-8 if dtype == "bfloat16" else 2.0**-11  # one 16-bit rounding of |out| <~ 2
+    assert err(mma, ref) <= 1.25 * err(f32, ref) + one, (err(mma, ref), err(f32, ref))
+    assert err(mma, f32) <= 4 * one
+
+
+@pytest.mark.parametrize("case", ["negative scale", "kilometre coordinates", "zero gamma"])
+def test_bias_fallback_and_degenerate_blocks(gpu, datasets, case):
+    """Blocks that cannot take the tensor-core bias (scale <= 0; coordinates spanning so far that a
+    float16 channel would overflow) take the float32 path; gamma = 0 on the tensor-core path is plain
+    attention. Each against the float64 reference."""
+    q, k, v, x, gamma = real_problem(datasets)
+    scale = None
+    if case == "negative scale":
+        scale = -0.1
+    elif case == "kilometre coordinates":
+        x = x * np.float32(1e4)  # |x_i - x_j| up to ~5e5 A: bias / scale far beyond 2^26
+        gamma = gamma * 1e-8
+    else:
+        gamma = np.zeros_like(gamma)
+    qd, kd, vd = (gpu.asarray(a.astype(np.float16)) for a in (q, k, v))
+    got = attention(qd, kd, vd, gpu.asarray(x), gamma=gamma, scale=scale, method="fused").get()
+    ref = attention_numpy(*(a.astype(np.float16) for a in (q, k, v)), x, gamma=gamma, scale=scale)
+    assert np.isfinite(got).all()
+    assert err(got, ref) < 4e-3, err(got, ref)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -419,6 +465,18 @@ def check_attention_for_sanitizer() -> None:
                         ref0 = attention_numpy(*(a.astype(dtype) for a in (q, k, v)), x[0], gamma=gamma,
                                                cutoff=cutoff, mask=mask[0])
                         assert err(shared, ref0) < tol, ("attention shared", L, d, cutoff)
+    # The tensor-core kernel's float32-bias path (scale <= 0, or coordinates too far apart for the
+    # float16 bias channels) on odd sizes.
+    for L in (37, 70):
+        q, k, v = (rng.normal(size=(2, L, 3, 64)).astype(np.float16) for _ in range(3))
+        x = rng.normal(scale=8, size=(2, L, 3)).astype(np.float32)
+        mask = rng.random((2, L)) < 0.8
+        for xs, scale in ((x, -0.125), (x * np.float32(1e5), 0.125)):
+            g = np.array([0.0, 0.05, 0.2]) * (1e-10 if scale > 0 else 1.0)
+            got = attention(*(cupy.asarray(a) for a in (q, k, v)), cupy.asarray(xs), gamma=g, scale=scale,
+                            mask=cupy.asarray(mask), method="fused")
+            ref = attention_numpy(q, k, v, xs, gamma=g, scale=scale, mask=mask)
+            assert err(got.get(), ref) < 5e-3, ("attention float32 bias", L, scale)
     print("attention: ok")
 
 

@@ -429,9 +429,10 @@ def flash_block_m(cfg: dict) -> int:
 
 
 def flash_smem_bytes(d: int, block_n: int, stages: int) -> int:
-    """Static shared memory of ``attention_flash.cu``: K and V tiles (16-bit, rows of d + 8) and one
-    float4 of coordinates per key, per stage."""
-    return stages * (2 * block_n * (d + 8) * 2 + block_n * 16)
+    """Static shared memory of ``attention_flash.cu``: per stage K and V tiles (16-bit, rows of d + 8)
+    and 32 bytes per key for the bias (a float4 of coordinates, or 16 float16 bias channels for the
+    tensor cores)."""
+    return stages * (2 * block_n * (d + 8) * 2 + block_n * 32)
 
 
 def fused_kernel(precision: str, d: int) -> str | None:
