@@ -318,6 +318,8 @@ def check_superpose_for_sanitizer() -> None:
     frames, both GEMM precisions), qcp_pairs_* and qcp_refine_* (collinear frames: a repeated l_max),
     through every schedule: resident strips, square tiles, condensed, x against y, streamed to the host,
     the _pairwise_tiles_cuda generator and the multi-GPU queue; aligned_rmsd_*."""
+    import cupyx
+
     rng = np.random.default_rng(0)
     for dtype in (np.float32, np.float64):
         x = (rng.normal(size=(37, 29, 3)) * 5).astype(dtype)
@@ -358,6 +360,9 @@ def check_superpose_for_sanitizer() -> None:
             strips = np.zeros(23 * 22 // 2, np.float32)  # condensed row strips streamed to the host
             sp._pairwise_cuda(x, precision=precision, out=strips, condensed=True)
             assert np.allclose(strips, twin[np.triu_indices(23, 1)], atol=1e-5), ("strips", precision)
+            locked = cupyx.empty_pinned(23 * 22 // 2, dtype=np.float32)  # written by the copy engine
+            sp._pairwise_cuda(x, precision=precision, out=locked, condensed=True)
+            assert np.array_equal(locked, strips), ("page-locked strips", precision)
             # two host threads sharing one GPU exercise the multi-GPU path (shared row-tile queue)
             multi = sp._pairwise_multi_gpu(x, None, fit=None, weights=None, precision=precision, out=None,
                                            condensed=True, devices=[0, 0], tile=9)
