@@ -728,10 +728,21 @@ __device__ __forceinline__ void flash_entry(FaSmem& sm, const unsigned short* q,
             const float dx = xb[3 * i] - bb.ox, dy = xb[3 * i + 1] - bb.oy, dz = xb[3 * i + 2] - bb.oz;
             rq = fmaxf(rq, fmaf(dx, dx, fmaf(dy, dy, dz * dz)));
         }
-        for (int j = threadIdx.x; j < L; j += FA_THREADS) {
-            if (mb != nullptr && !mb[j]) continue;
-            const float dx = xb[3 * j] - bb.ox, dy = xb[3 * j + 1] - bb.oy, dz = xb[3 * j + 2] - bb.oz;
-            rk = fmaxf(rk, fmaf(dx, dx, fmaf(dy, dy, dz * dz)));
+        // 8 keys a thread per step, their loads issued together: a dependent load a key would leave
+        // every block waiting out L / FA_THREADS round trips to L2 (several microseconds at L = 4096).
+        for (int j0 = threadIdx.x; j0 < L; j0 += 8 * FA_THREADS) {
+            float d2[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const int j = j0 + u * FA_THREADS;
+                d2[u] = 0.f;
+                if (j < L && (mb == nullptr || mb[j])) {
+                    const float dx = xb[3 * j] - bb.ox, dy = xb[3 * j + 1] - bb.oy, dz = xb[3 * j + 2] - bb.oz;
+                    d2[u] = fmaf(dx, dx, fmaf(dy, dy, dz * dz));
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 8; ++u) rk = fmaxf(rk, d2[u]);
         }
 #pragma unroll
         for (int sh = 16; sh >= 1; sh >>= 1) {
