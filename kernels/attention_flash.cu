@@ -207,6 +207,7 @@ struct FaBlockBias {
     float v_scale;     // key channels: 2^t
     float w_scale;     // key w channel: -g/2 2^-a
     float pa;          // query constant channels: 2^a
+    bool bias_mma;     // tensor-core path: whether the bias mma can change any logit (see flash_entry)
 };
 
 template <bool BF16, int MODE>
@@ -514,7 +515,7 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const FaBlockBia
         for (int mt = 0; mt < FA_MT; ++mt)
 #pragma unroll
             for (int n = 0; n < FA_BLOCK_N / 8; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
-        if (MMAB) {  // S = bias / scale first (float16 channels, float32 accumulator)
+        if (MMAB && bb.bias_mma) {  // S = bias / scale first (float16 channels, float32 accumulator)
             const u32 xbst = xbld + (u32)(st * FA_XB_TILE_BYTES);
 #pragma unroll
             for (int np = 0; np < FA_BLOCK_N / 16; ++np) {
@@ -697,7 +698,7 @@ __device__ __forceinline__ void flash_entry(FaSmem& sm, const unsigned short* q,
                                             const unsigned short* v, const float* coords, const float* gamma,
                                             const unsigned char* mask, unsigned short* out, int L, int H,
                                             int xstride, int mstride, float scale, float cutoff2) {
-    FaBlockBias bb = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    FaBlockBias bb = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, false};
     if (cutoff2 >= 0.f) {
         flash_attention_mma<BF16, FA_MODE_CUTOFF>(sm, bb, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride,
                                                   scale, cutoff2);
@@ -778,6 +779,9 @@ __device__ __forceinline__ void flash_entry(FaSmem& sm, const unsigned short* q,
             bb.v_scale = ldexpf(1.f, t);
             bb.w_scale = ldexpf(-0.5f * g, -a);
             bb.pa = ldexpf(1.f, a);
+            // With gamma = 0 the channels are zero but for the -inf of masked keys and of the keys past
+            // the end in the last tile: without either, the bias mma is skipped (plain attention).
+            bb.bias_mma = g != 0.f || mb != nullptr || L % FA_BLOCK_N != 0;
         }
     }
     if (mma)

@@ -262,6 +262,24 @@ def test_bias_fallback_and_degenerate_blocks(gpu, datasets, case):
     assert err(got, ref) < 4e-3, err(got, ref)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_zero_gamma_whole_tiles_skip_the_bias_mma(gpu, masked):
+    """gamma = 0 heads with whole key tiles and no mask skip the bias mma (nothing to add); with a mask
+    the mma still carries the masked keys' -inf. Mixed heads (some gamma = 0) in one launch."""
+    rng = np.random.default_rng(31)
+    L, H, d = 256, 4, 64
+    q, k, v = (rng.normal(size=(2, L, H, d)).astype(np.float16) for _ in range(3))
+    x = (np.cumsum(rng.normal(size=(2, L, 3)), axis=1) * 2).astype(np.float32)
+    gamma = np.array([0.0, 0.0, 0.05, 0.0])
+    mask = None
+    if masked:
+        mask = rng.random((2, L)) < 0.7
+    got = attention(*(gpu.asarray(a) for a in (q, k, v)), gpu.asarray(x), gamma=gamma,
+                    mask=None if mask is None else gpu.asarray(mask), method="fused").get()
+    ref = attention_numpy(q, k, v, x, gamma=gamma, mask=mask)
+    assert err(got, ref) < 4e-3, err(got, ref)
+
+
 # --------------------------------------------------------------------------------------------------
 # The fast path (16-bit device arrays straight into the kernel) against the general path
 
