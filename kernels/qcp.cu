@@ -250,6 +250,21 @@ __device__ __forceinline__ void qcp_coefficients(const double* s, QcpKey& k, dou
     c0 = qcp_det4(k);
 }
 
+// The whole QCP chain for one correlation M (9 entries, row-major) with traces ga, gb: the largest
+// eigenvalue by Newton from (ga + gb) / 2, its quaternion q (for the rotation), and the RMSD of that
+// quaternion's rotation (the Rayleigh quotient, accurate at a near-repeated root).
+__device__ __forceinline__ double qcp_solve(const double* s, double ga, double gb, double inv_w, double q[4]) {
+    QcpKey k;
+    double c2, c1, c0;
+    qcp_coefficients(s, k, c2, c1, c0);
+    const double lam0 = 0.5 * (ga + gb);
+    const double hi = qcp_start(c2, lam0);
+    int iters;
+    const double lam = qcp_newton(c2, c1, c0, lam0, hi, iters);
+    qcp_quaternion(k, lam, hi, q);
+    return qcp_rmsd_from(ga, gb, qcp_rayleigh(k, q), inv_w);
+}
+
 // ----------------------------------------------------------------------------------------------------
 // Warp helpers. Every per-frame kernel below gives one warp to one frame (grid-stride over frames):
 // the lanes stride over the atoms, and one butterfly reduction per frame (no __syncthreads, no shared
@@ -504,17 +519,8 @@ extern "C" __global__ void qcp_frames(const double* moments, double* rmsd, doubl
         double s[9];
 #pragma unroll
         for (int j = 0; j < 9; ++j) s[j] = mo[j];
-        const double ga = mo[9];
-        QcpKey k;
-        double c2, c1, c0;
-        qcp_coefficients(s, k, c2, c1, c0);
-        const double lam0 = 0.5 * (ga + gb);
-        const double hi = qcp_start(c2, lam0);
-        int iters;
-        const double lam = qcp_newton(c2, c1, c0, lam0, hi, iters);
         double q[4];
-        qcp_quaternion(k, lam, hi, q);
-        rmsd[f] = qcp_rmsd_from(ga, gb, qcp_rayleigh(k, q), inv_w);
+        rmsd[f] = qcp_solve(s, mo[9], gb, inv_w, q);
         double r[9];
         qcp_rotation(q, r);
         double* ro = rot + f * 9;
@@ -657,16 +663,8 @@ __device__ double qcp_pair_refined(const T* __restrict__ blk, i64 ld, double gai
     for (int p = 0; p < 3; ++p)
 #pragma unroll
         for (int q = 0; q < 3; ++q) s[3 * p + q] = (double)blk[p * ld + q];
-    QcpKey k;
-    double c2, c1, c0;
-    qcp_coefficients(s, k, c2, c1, c0);
-    const double lam0 = 0.5 * (gai + gbj);
-    const double hi = qcp_start(c2, lam0);
-    int iters;
-    const double lam = qcp_newton(c2, c1, c0, lam0, hi, iters);
     double qv[4];
-    qcp_quaternion(k, lam, hi, qv);
-    return qcp_rmsd_from(gai, gbj, qcp_rayleigh(k, qv), inv_w);
+    return qcp_solve(s, gai, gbj, inv_w, qv);
 }
 
 // QCP for a tile of pairs. Blocks of PAIR_BX x PAIR_BY threads, one pair each: x over the tile's columns,
@@ -855,17 +853,9 @@ __device__ void aligned_rmsd(const T* __restrict__ x, const T* __restrict__ y, i
         warp_sum<11>(s);
         // Every lane holds the totals: every lane runs the (identical) QCP, so the warp stays converged
         // for the direct pass below.
-        QcpKey k;
-        double c2, c1, c0;
-        qcp_coefficients(s, k, c2, c1, c0);
         const double ga = s[9], gb = s[10];
-        const double lam0 = 0.5 * (ga + gb);
-        const double hi = qcp_start(c2, lam0);
-        int iters;
-        const double lam = qcp_newton(c2, c1, c0, lam0, hi, iters);
         double q[4];
-        qcp_quaternion(k, lam, hi, q);
-        double r = qcp_rmsd_from(ga, gb, qcp_rayleigh(k, q), inv_n);
+        double r = qcp_solve(s, ga, gb, inv_n, q);
         if (r * r <= tau * (ga + gb) * inv_n) {
             // Near-identical: the formula has cancelled most digits; measure |R (x - cx) - (y - cy)|.
             double rot[9];

@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 from ..errors import InputError
-from ._batch_options import add_batch_options, job_device, mark, report_failures, run_job
+from ._batch_options import add_batch_options, job_device, late_device, mark, report_failures, run_job
 from ._inputs import expand_inputs
 
 METRICS = ("tm", "lddt", "gdt", "rmsd")
@@ -129,10 +129,7 @@ def run(args) -> int:
         from ..plotting import require_png
 
         require_png(args.plot)  # before any model is scored
-    # --device auto is decided by the job's warm-up, once the parse workers are started: deciding it
-    # here would import CuPy and start the CUDA driver (about a second) before the first file is parsed,
-    # and a process that has started CUDA no longer forks its workers. A forced device is checked at once.
-    device = args.device if args.device == "auto" else job_device(args)[0]
+    device = late_device(args)  # auto: decided by the job's warm-up, after the parse workers started
     paths = expand_inputs(args.inputs)
     mark("listed")
     job = score_job(args, device)
