@@ -8,8 +8,8 @@ them and divides (the host runs ahead of the GPU when its work per call is short
 this is the throughput of repeated calls). "kernel" rows launch the tensor-core kernel directly (inputs
 and launch arguments prepared once); "paired rounds" alternate SDPA and the kernel (x20 each) over 11
 rounds, and the ratio to SDPA is the median of the per-round ratios (SDPA's time moves between runs
-more than the kernel's). Each SDPA backend is also timed on its own. TFLOP/s counts 4 B H L^2 d (QK^T and PV) and is also given as a
-fraction of the bf16 GEMM ceiling measured on the H200 (~790 TFLOP/s).
+more than the kernel's). Each SDPA backend is also timed on its own. TFLOP/s counts 4 B H L^2 d (QK^T
+and PV) and is also given as a fraction of the bf16 GEMM ceiling measured on the H200 (~790 TFLOP/s).
 
     python3 benchmarks/bench_attention.py [--quick] [--long] [--sweep] [--json PATH]
 

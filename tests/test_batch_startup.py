@@ -549,3 +549,26 @@ def test_gpu_cli_forks_before_cuda_and_computes_like_a_forced_gpu(tmp_path, data
             assert a.files == g.files
             for k in a.files:
                 np.testing.assert_array_equal(a[k], g[k])
+
+
+def test_pairwise_rmsd_decides_auto_after_loading_and_checks_a_forced_gpu_first(tmp_path, capsys, monkeypatch):
+    """pairwise-rmsd: --device auto is decided after the inputs are loaded (their workers may fork);
+    a forced --device gpu without a GPU is one line before any input is read (the input here does not
+    exist, and the message is about the GPU)."""
+    import protgpu._array as pa
+    from protgpu.cli import main
+
+    monkeypatch.setenv("PROTGPU_DISABLE_GPU", "1")
+    assert main(["pairwise-rmsd", str(tmp_path / "missing.pdb"), "--device", "gpu"]) == 2
+    err = capsys.readouterr().err
+    assert "GPU" in err and "missing.pdb" not in err and len(err.strip().splitlines()) == 1
+    events = []
+    real = pa.dispatch
+
+    def recording(*a, **k):
+        events.append(k.get("device"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(pa, "dispatch", recording)
+    assert main(["pairwise-rmsd", str(tmp_path / "missing.pdb")]) == 2  # auto: the input fails first
+    assert "missing.pdb" in capsys.readouterr().err and "auto" not in events

@@ -329,9 +329,13 @@ def run_pairwise(args) -> int:
 
         require_png(args.plot)
     zarr = require_zarr(args.out) if low_out.endswith(".zarr") else None
+    if args.device != "auto":
+        dispatch(device=args.device)  # a forced device is checked before any input is read
     paths = expand_inputs(args.inputs)
-    device = dispatch(device=args.device).device
     parts, entries = _load_coords(args, paths)
+    # auto is decided once the inputs are loaded: deciding it first would import CuPy, and a process
+    # that has loaded CuPy starts its loading workers from a forkserver instead of forking them.
+    device = dispatch(device=args.device).device
     failed = sum(e["status"] != "ok" for e in entries)
     if not parts:  # --keep-going and nothing readable: say why in the errors file, make no matrix
         if args.out:
