@@ -804,7 +804,8 @@ def _rmsd_numpy_frames(x, reference, ref_meas, fit, meas, w_fit, w_meas, outs) -
 _WARP_THREADS = 256  # blocks of the warp-per-frame kernels (8 warps per block)
 _STREAM_TILE = 4096  # frames per tile side when streaming to host memory (see _pairwise_cuda)
 _STREAM_PANEL_BYTES = 3 << 30  # most bytes of 3x3 blocks per GEMM panel when streaming
-_STREAM_PANEL_COLS = 8192  # column width of the condensed strips' GEMM panels (see _stream_condensed)
+_STREAM_PANEL_COLS = 16384  # column width of the condensed strips' GEMM panels (see _stream_condensed)
+_STREAM_PANEL_QUANTUM = 1024  # a strip's first panel starts this close left of the diagonal, or closer
 _STREAM_STRIP_BYTES = 256 << 20  # most bytes of a condensed row strip when streaming (see _stream_condensed)
 _MOMENT_LANES = 32  # lanes per frame in frame_moments_* (kernels/qcp.cu: MOMENT_LANES, measured)
 _MOMENT_THREADS = 128  # blocks of frame_moments_* (measured on the H200, see kernels/qcp.cu)
@@ -1659,6 +1660,8 @@ def _stream_condensed(plan, out, budget, row_starts=None, rows=None):
     host_bufs = [] if direct else [cupyx.empty_pinned(max(cap, 1), dtype=odt) for _ in range(n_buf)]
     avail = min(max(budget - plan.fixed - n_buf * dev_bufs[0].nbytes, 0), _STREAM_PANEL_BYTES)
     width = max(32, min(plan.panel_cols(rows, avail, 32, 0), _STREAM_PANEL_COLS))
+    quantum = max(32, min(_STREAM_PANEL_QUANTUM, width) // 32 * 32)
+    width = max(quantum, width // quantum * quantum)  # grid lines fall on the quantum's
     copied: list = [None] * n_buf
     pending: list = [None] * n_buf
     # NumPy destinations take strips from several writers at once (disjoint blocks); others (Zarr may
@@ -1700,13 +1703,16 @@ def _stream_condensed(plan, out, budget, row_starts=None, rows=None):
             if copied[s] is not None:
                 compute.wait_event(copied[s])
             dst = dev_bufs[s][:k1 - k0]
-            # Panels of one fixed width on a fixed grid (the first may start left of the diagonal; the
-            # kernel skips those pairs), so that every strip's GEMMs have the same few shapes and reuse
-            # their cuBLAS plans: planning a new shape per strip costs milliseconds of host time each.
-            p0 = (i0 // width) * width
+            # Panels on a fixed grid of one width, so that every strip's GEMMs have a few shapes and reuse
+            # their cuBLAS plans (planning a new shape costs milliseconds of host time). The first panel
+            # starts on the quantum's grid just left of the diagonal (the kernel skips the pairs left of
+            # it) and runs to the next grid line: at most width / quantum first-panel shapes, and little
+            # GEMM work wasted left of the diagonal (up to a whole panel would be ~8% of the GEMMs at
+            # 100,000 frames), with wide panels: fewer launches, whose host time bounds several GPUs.
+            p0 = (i0 // quantum) * quantum
             blocks = None
             while p0 < f:
-                p1 = min(f, p0 + width)
+                p1 = min(f, (p0 // width + 1) * width)
                 blocks = None  # one panel alive at a time
                 blocks = plan.gemm(i0, i1, p0, p1)
                 plan.qcp(blocks, p0, i0, i1, p0, p1, dst, 0, k0, 0, _CONDENSED)

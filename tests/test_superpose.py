@@ -1444,23 +1444,35 @@ def test_fake_device_condensed_into_page_locked_memory(fake_device, monkeypatch)
     np.testing.assert_array_equal(pageable, staged)
 
 
-def test_fake_device_condensed_strips_on_a_panel_grid(fake_device, monkeypatch):
-    """Panels of a fixed width on a fixed grid: strips whose first panel starts left of the diagonal,
-    several panels per strip, and the grid's last, narrower panel."""
-    monkeypatch.setattr(sp, "_STREAM_PANEL_COLS", 32)
+@pytest.mark.parametrize("width, quantum", [(32, 1024), (64, 32), (96, 40)])
+def test_fake_device_condensed_strips_on_a_panel_grid(fake_device, monkeypatch, width, quantum):
+    """Panels on a fixed grid: each strip's first panel starts on the quantum's grid just left of the
+    diagonal and ends on the panel grid, then whole panels, then the grid's last, narrower panel; so a
+    few panel shapes whatever the strip, and GEMM columns left of the diagonal fewer than a quantum."""
+    monkeypatch.setattr(sp, "_STREAM_PANEL_COLS", width)
+    monkeypatch.setattr(sp, "_STREAM_PANEL_QUANTUM", quantum)
     rng = np.random.default_rng(9)
     x = (rng.normal(size=(77, 6, 3)) * 4).astype(np.float64)
     twin = sp._pairwise_numpy(x, out_dtype=np.float64)[np.triu_indices(77, 1)]
     plan = sp._PairPlan(x, None, None, None, "float64", np.float64)
-    shapes = []
+    calls = []
     orig = plan.gemm
 
     def gemm(i0, i1, j0, j1):
-        shapes.append((i1 - i0, j1 - j0))
+        calls.append((i0, j0, j1))
         return orig(i0, i1, j0, j1)
 
     plan.gemm = gemm
     out = np.full(77 * 76 // 2, np.nan)
     sp._stream_condensed(plan, out, 64 << 20, rows=10)
     np.testing.assert_allclose(out, twin, atol=1e-9)
-    assert {w for _, w in shapes} == {32, 77 - 64}  # two widths whatever the strip
+    width = max(32, min(width, 77))  # (a panel is at most the frames there are)
+    q = max(32, min(quantum, width) // 32 * 32)  # the quantum is a multiple of 32 columns
+    width = max(q, width // q * q)
+    for i0 in sorted({c[0] for c in calls}):
+        spans = [(j0, j1) for r, j0, j1 in calls if r == i0]
+        assert spans[0][0] <= i0 < spans[0][0] + q and spans[0][0] % q == 0  # just left of the diagonal
+        assert all(j1 % width == 0 or j1 == 77 for _, j1 in spans)  # panels end on the grid
+        assert [j0 for j0, _ in spans[1:]] == [j1 for _, j1 in spans[:-1]] and spans[-1][1] == 77
+    widths = {j1 - j0 for _, j0, j1 in calls}
+    assert widths <= {*range(q, width + 1, q), 77 % width} | {77 - j0 for _, j0, _ in calls}
