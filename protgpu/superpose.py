@@ -608,10 +608,11 @@ def _prepare(mobile, reference, fit, atoms, weights, ref_frame, device, *, need_
     used = None
     if not need_rotation and fit_m is not None:
         used = fit_m if meas_m is None else np.union1d(fit_m, meas_m)
-    if need_rotation or not be.on_gpu:
+    if need_rotation:
         _check_finite(host, mob_name, used)
-    # else: rmsd() on the GPU checks its (F,) result instead, which costs nothing: a host pass over
-    # 10^8 coordinates would take longer than the GPU computation.
+    # else: rmsd() checks its (F,) result instead (a NaN or infinite coordinate of a fitted or measured
+    # atom makes that frame's RMSD NaN or infinite), which costs nothing: a host pass over 10^8
+    # coordinates takes longer than the GPU computation, and a fifth of the CPU one.
     _check_finite(ref_host.astype(np.float64), ref_name)
     # Reference atoms reordered/selected to line up with the mobile's fit (and measured) atoms.
     ref64 = ref_host.astype(np.float64)
@@ -759,7 +760,13 @@ def _rmsd_numpy(x, ref, fit=None, meas=None, w_fit=None, w_meas=None, *, want_co
 
 def _rmsd_numpy_frames(x, reference, ref_meas, fit, meas, w_fit, w_meas, outs) -> None:
     """:func:`_rmsd_numpy` on the frames ``x`` (one task), written into ``outs`` = (rmsd, rotation,
-    translation, coords or None) views. ``reference`` = ``(yc, cy, gb, inv_w, moment operands)``."""
+    translation, coords or None) views. ``reference`` = ``(yc, cy, gb, inv_w, moment operands)``.
+    Non-finite coordinates give non-finite results quietly: rmsd() reports them (the frame named)."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # (per thread: set in the task)
+        _rmsd_numpy_frames_body(x, reference, ref_meas, fit, meas, w_fit, w_meas, outs)
+
+
+def _rmsd_numpy_frames_body(x, reference, ref_meas, fit, meas, w_fit, w_meas, outs) -> None:
     yc, cy, gb, inv_w, ops = reference
     r, rot, t, coords = outs
     f, n = x.shape[:2]
@@ -968,12 +975,7 @@ def _run_rmsd(mobile, reference, fit, atoms, weights, ref_frame, device, want_co
         x = x if x.ndim == 3 else x[None]
         res = _rmsd_cuda(x, p.ref, p.fit, p.meas, p.w_fit, p.w_meas, want_coords=want_coords)
         if not want_coords and isinstance(x, np.ndarray):
-            r_host = to_numpy(res[0])
-            bad = ~np.isfinite(r_host)
-            if bad.any():
-                name = _frames_of(mobile, "mobile")[2]
-                raise InputError(f"{name}: NaN or infinite coordinates in frame {int(np.argmax(bad))}")
-            res = (r_host, *res[1:])
+            res = (_finite_rmsd(to_numpy(res[0]), mobile), *res[1:])
     else:
         x = p.mobile
         if not isinstance(x, np.ndarray):
@@ -982,7 +984,19 @@ def _run_rmsd(mobile, reference, fit, atoms, weights, ref_frame, device, want_co
             x = x.astype(np.float64)
         x = x if x.ndim == 3 else x[None]
         res = _rmsd_numpy(x, p.ref, p.fit, p.meas, p.w_fit, p.w_meas, want_coords=want_coords)
+        if not want_coords:  # the result's check stands for a pass over the coordinates (_prepare)
+            _finite_rmsd(res[0], mobile)
     return be, res, p.squeeze
+
+
+def _finite_rmsd(r: np.ndarray, mobile) -> np.ndarray:
+    """``r`` (host RMSDs), or InputError naming the first frame whose RMSD is NaN or infinite: a NaN
+    or infinite coordinate of a fitted or measured atom gives one."""
+    bad = ~np.isfinite(r)
+    if bad.any():
+        name = _frames_of(mobile, "mobile")[2]
+        raise InputError(f"{name}: NaN or infinite coordinates in frame {int(np.argmax(bad))}")
+    return r
 
 
 def rmsd(mobile, reference, *, fit=None, atoms=None, weights=None, ref_frame: int = 0, device: str = "auto"):

@@ -1476,3 +1476,23 @@ def test_fake_device_condensed_strips_on_a_panel_grid(fake_device, monkeypatch, 
         assert [j0 for j0, _ in spans[1:]] == [j1 for _, j1 in spans[:-1]] and spans[-1][1] == 77
     widths = {j1 - j0 for _, j0, j1 in calls}
     assert widths <= {*range(q, width + 1, q), 77 % width} | {77 - j0 for _, j0, _ in calls}
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("atom, fit, atoms", [(0, None, None), (7, None, None), (11, None, None),
+                                              (3, np.arange(6), None), (9, np.arange(6), np.arange(6, 12)),
+                                              (0, np.arange(4, 10), np.arange(10))])
+def test_cpu_rmsd_names_the_frame_of_a_non_finite_used_coordinate(value, atom, fit, atoms):
+    """The CPU rmsd() checks its result instead of scanning the coordinates: a NaN or infinite
+    coordinate of any fitted or measured atom (the first atom, whose position shifts the frame's sums,
+    included) still gives the one-line error naming the frame; one of an unused atom does not."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(5, 12, 3)) * 5
+    bad = x.copy()
+    bad[3, atom, 2] = value
+    with pytest.raises(InputError, match="frame 3"):
+        rmsd(bad, x[0], fit=fit, atoms=atoms, device="cpu")
+    unused = x.copy()
+    unused[3, 11, 0] = value
+    if fit is not None and atoms is None:  # atom 11 is neither fitted nor measured
+        np.testing.assert_allclose(rmsd(unused, x[0], fit=fit, device="cpu"), rmsd(x, x[0], fit=fit, device="cpu"))
