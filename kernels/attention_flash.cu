@@ -18,7 +18,7 @@
 // so that the accumulator holds q.k + bias / scale and a logit costs one FMA (inside the exponential),
 // as in plain attention, instead of four. Per block, t and a (powers of two, exact) are chosen from the
 // largest |x - o| of its query rows and of all keys, keeping every channel within float16's range; a
-// block whose coordinates span too far for that (|bias| / scale beyond 2^28), or a scale <= 0, takes
+// block whose coordinates span too far for that (|bias| / scale of 2^26 or more), or a scale <= 0, takes
 // the float32 path instead: 3 FMAs of bias per logit. Masked keys carry w_hi = -inf.
 // With a cutoff the squared distance is needed anyway and comes from the difference; whole key tiles
 // whose bounding box lies beyond the cutoff of a warp's query rows are skipped.
