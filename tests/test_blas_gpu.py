@@ -33,10 +33,11 @@ def test_transposed_view_and_plan_reuse(gpu, blas):
     rng = np.random.default_rng(1)
     x = gpu.asarray(rng.normal(size=(300, 40)))
     first = blas.matmul(x, x.T)  # A A^T, the pairwise-RMSD shape, without a copy
-    n_plans = len(blas._plans)
+    plans = blas._device_cache(x.device.id)[0]
+    n_plans = len(plans)
     y = gpu.asarray(rng.normal(size=(300, 40)))
     second = blas.matmul(y, y.T)  # same shapes: the cached plan is reused with new operands
-    assert len(blas._plans) == n_plans
+    assert len(plans) == n_plans
     np.testing.assert_allclose(first.get(), x.get() @ x.get().T, atol=1e-10)
     np.testing.assert_allclose(second.get(), y.get() @ y.get().T, atol=1e-10)
 
@@ -47,7 +48,7 @@ def test_runs_on_the_callers_stream(gpu, blas):
     s = gpu.cuda.Stream(non_blocking=True)
     with s:
         got = blas.matmul(a, a)
-        key_streams = {k[-1] for k in blas._plans}
+        key_streams = {k[-1] for k in blas._device_cache(a.device.id)[0]}
     s.synchronize()
     assert s.ptr in key_streams
     np.testing.assert_allclose(got.get(), a.get() @ a.get(), atol=1e-10)
@@ -59,3 +60,32 @@ def test_bad_operands_are_refused(gpu, blas):
         blas.matmul(a, gpu.zeros((4, 2), np.float64))
     with pytest.raises(ValueError, match="shapes do not agree"):
         blas.matmul(a, gpu.zeros((3, 2), np.float32))
+
+
+def test_each_device_keeps_its_own_plans(gpu, blas):
+    """Two devices multiplying the same shapes, each from its own thread, many times: every plan stays
+    cached in its device's cache (one shared LRU would let the devices evict each other's plans)."""
+    import concurrent.futures
+
+    if gpu.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    rng = np.random.default_rng(3)
+    hosts = [rng.normal(size=(3 * n, 30)) for n in range(20, 20 + blas._MAX_PLANS)]
+
+    def work(dev):
+        with gpu.cuda.Device(dev):
+            arrays = [gpu.asarray(h) for h in hosts]
+            plans = blas._device_cache(dev)[0]
+            [blas.matmul(a, a.T) for a in arrays]
+            planned = {k: id(m) for k, m in plans.items()}
+            outs = [blas.matmul(a, a.T) for a in arrays]  # every shape must be found already planned
+            gpu.cuda.get_current_stream().synchronize()
+            return planned, {k: id(m) for k, m in plans.items()}, [o.get() for o in outs]
+
+    blas.clear_plans()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(work, [0, 1]))
+    for planned, reused, got in results:
+        assert len(planned) == blas._MAX_PLANS and reused == planned
+        for g, h in zip(got, hosts, strict=True):
+            np.testing.assert_allclose(g, h @ h.T, atol=1e-9)
