@@ -13,6 +13,7 @@
 // its best stage-2 score (ties: lowest task, the program's order), that rotation and translation, and
 // its maxima of the GDT counts and MaxSub sum; the host reduces over the blocks of a model.
 #include "common.cuh"
+#include "qcp.cuh"  // the QCP solver shared with qcp.cu
 
 #ifndef TM_WARPS
 #define TM_WARPS 4
@@ -33,104 +34,22 @@ __device__ __forceinline__ double tm_warp_sum(double v) {
     return v;
 }
 
-__device__ __forceinline__ double tm_det3(double a00, double a01, double a02, double a10, double a11, double a12,
-                                          double a20, double a21, double a22) {
-    return a00 * (a11 * a22 - a12 * a21) - a01 * (a10 * a22 - a12 * a20) + a02 * (a10 * a21 - a11 * a20);
-}
-
-// Determinant of the 3x3 minor of the 4x4 matrix a (row-major) without row r and column c.
-__device__ __forceinline__ double tm_minor(const double* a, int r, int c) {
-    int rr[3], cc[3];
-    int k = 0;
-    for (int i = 0; i < 4; ++i)
-        if (i != r) rr[k++] = i;
-    k = 0;
-    for (int j = 0; j < 4; ++j)
-        if (j != c) cc[k++] = j;
-    return tm_det3(a[rr[0] * 4 + cc[0]], a[rr[0] * 4 + cc[1]], a[rr[0] * 4 + cc[2]],
-                   a[rr[1] * 4 + cc[0]], a[rr[1] * 4 + cc[1]], a[rr[1] * 4 + cc[2]],
-                   a[rr[2] * 4 + cc[0]], a[rr[2] * 4 + cc[1]], a[rr[2] * 4 + cc[2]]);
-}
-
 // Rotation R (row-major) that best superposes x onto y (R x + t ~ y), from the centred
-// cross-covariance s[a*3+b] = sum (x_a - xbar_a)(y_b - ybar_b) and the centred sums of squares ga, gb.
-// QCP (Theobald 2005; Liu, Agrafiotis & Theobald 2010): Newton on the key matrix's characteristic
-// polynomial from (ga + gb)/2, an upper bound of the largest root, then the quaternion from the
-// largest column of adj(K - l I). Degenerate input (no well-defined rotation) gives the identity.
+// cross-covariance s[a*3+b] = sum (x_a - xbar_a)(y_b - ybar_b) and the centred sums of squares ga, gb:
+// qcp.cuh's solver (Theobald 2005), the one qcp.cu uses: l_max by guarded Newton from
+// min((ga + gb) / 2, sqrt(3) |M|_F), the quaternion from the largest row of adj(K - l I), or Jacobi on K
+// where l_max is (nearly) repeated. Degenerate input (no well-defined rotation) gives the identity:
+// M = 0 makes K = 0, whose Jacobi eigenvector is the identity quaternion; non-finite input gives a
+// non-finite quaternion, replaced here.
 __device__ void tm_qcp_rotation(const double* s, double ga, double gb, double* R) {
-    const double sxx = s[0], sxy = s[1], sxz = s[2], syx = s[3], syy = s[4], syz = s[5], szx = s[6], szy = s[7],
-                 szz = s[8];
-    double k[16];
-    k[0] = sxx + syy + szz;
-    k[1] = k[4] = syz - szy;
-    k[2] = k[8] = szx - sxz;
-    k[3] = k[12] = sxy - syx;
-    k[5] = sxx - syy - szz;
-    k[6] = k[9] = sxy + syx;
-    k[7] = k[13] = szx + sxz;
-    k[10] = -sxx + syy - szz;
-    k[11] = k[14] = syz + szy;
-    k[15] = -sxx - syy + szz;
-    double ss = 0.0;
-    for (int i = 0; i < 9; ++i) ss += s[i] * s[i];
-    const double c2 = -2.0 * ss;
-    const double c1 = -8.0 * tm_det3(sxx, sxy, sxz, syx, syy, syz, szx, szy, szz);
-    const double c0 = k[0] * tm_minor(k, 0, 0) - k[1] * tm_minor(k, 0, 1) + k[2] * tm_minor(k, 0, 2) -
-                      k[3] * tm_minor(k, 0, 3);
-    double l = 0.5 * (ga + gb);
-    double df = 0.0;
-    for (int it = 0; it < 60; ++it) {
-        const double l2 = l * l;
-        const double f = (l2 + c2) * l2 + c1 * l + c0;
-        df = 4.0 * l2 * l + 2.0 * c2 * l + c1;
-        if (df == 0.0) break;
-        const double dl = f / df;
-        l -= dl;
-        if (fabs(dl) <= 1e-13 * fabs(l)) break;
+    QcpKey k;
+    double q[4];
+    qcp_top_quaternion(s, ga, gb, k, q);
+    if (!(isfinite(q[0]) && isfinite(q[1]) && isfinite(q[2]) && isfinite(q[3]))) {
+        q[0] = 1.0;
+        q[1] = q[2] = q[3] = 0.0;
     }
-    double a[16];
-    for (int i = 0; i < 16; ++i) a[i] = k[i];
-    for (int i = 0; i < 4; ++i) a[i * 5] -= l;
-    // Column c of adj(A) is q q_c prod_{i != max}(l_max - l_i) = q q_c f'(l_max): every column is
-    // along the eigenvector q, with length |q_c| |f'|. Column 0 is enough unless the rotation is near
-    // 180 degrees (q_0 = cos(theta/2) small); then take the longest of the others.
-    double best[4];
-    double best_n2 = 0.0;
-    for (int r = 0; r < 4; ++r) {
-        best[r] = ((r & 1) ? -1.0 : 1.0) * tm_minor(a, r, 0);
-        best_n2 += best[r] * best[r];
-    }
-    if (!(best_n2 >= 0.1 * df * df)) {
-        for (int c = 1; c < 4; ++c) {
-            double q[4];
-            double n2 = 0.0;
-            for (int r = 0; r < 4; ++r) {
-                q[r] = (((r + c) & 1) ? -1.0 : 1.0) * tm_minor(a, r, c);
-                n2 += q[r] * q[r];
-            }
-            if (n2 > best_n2) {
-                best_n2 = n2;
-                for (int r = 0; r < 4; ++r) best[r] = q[r];
-            }
-        }
-    }
-    double w = 1.0, x = 0.0, y = 0.0, z = 0.0;
-    if (best_n2 > 0.0 && isfinite(best_n2)) {
-        const double inv = 1.0 / sqrt(best_n2);
-        w = best[0] * inv;
-        x = best[1] * inv;
-        y = best[2] * inv;
-        z = best[3] * inv;
-    }
-    R[0] = w * w + x * x - y * y - z * z;
-    R[1] = 2.0 * (x * y - w * z);
-    R[2] = 2.0 * (x * z + w * y);
-    R[3] = 2.0 * (x * y + w * z);
-    R[4] = w * w - x * x + y * y - z * z;
-    R[5] = 2.0 * (y * z - w * x);
-    R[6] = 2.0 * (x * z - w * y);
-    R[7] = 2.0 * (y * z + w * x);
-    R[8] = w * w - x * x - y * y + z * z;
+    qcp_rotation(q, R);
 }
 
 // Superposition of the pairs in [lo, hi) (words == nullptr) or of the pairs whose bit is set in words.

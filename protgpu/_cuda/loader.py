@@ -1,10 +1,11 @@
 """Load ``kernels/*.cu``, compile them with NVRTC (cuda.core) to cubin, cache on disk, launch.
 
 A kernel source is a ``.cu`` file with plain ``extern "C" __global__`` entry points, one per dtype.
-The loader prepends compile-time knobs as ``#define`` lines and inlines ``common.cuh`` as text, so the
-cache key (which covers the source text, the options with the arch, and the NVRTC version) covers the
-header too. Compiled modules are memoised per (device, file, defines); launches go on CuPy's current
-stream, with every argument checked against the entry point's C signature, parsed from the source.
+The loader prepends compile-time knobs as ``#define`` lines and inlines every ``#include "<name>.cuh"`` of
+a header in ``kernels/`` as text (recursively, each header once), so the cache key (which covers the
+source text, the options with the arch, and the NVRTC version) covers the headers too. Compiled modules
+are memoised per (device, file, defines); launches go on CuPy's current stream, with every argument
+checked against the entry point's C signature, parsed from the source.
 
 Compiling needs only NVRTC, not a GPU: :func:`compile_cubin` with an explicit ``arch`` works on a
 machine without a driver, which is how CI checks every kernel (``protgpu kernels --check``).
@@ -24,7 +25,9 @@ import numpy as np
 from ..errors import KernelCompileError
 
 COMMON_HEADER = "common.cuh"
-_INCLUDE_COMMON = re.compile(r'^\s*#\s*include\s+"common\.cuh"\s*$', re.MULTILINE)
+# A quoted include of a .cuh header on a line of its own (a trailing // comment allowed). NVRTC from the
+# wheels has no include path to resolve it, so build_source inlines the header's text.
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"\n]*\.cuh)"[ \t\r]*(?://[^\n]*)?$', re.MULTILINE)
 _ENTRY = re.compile(r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\([^)]*\)\s+)?void\s+(\w+)\s*\(([^)]*)\)')
 
 # C parameter types the entry points may use, and the NumPy dtype each stands for.
@@ -81,10 +84,41 @@ def read_source(name: str) -> str:
     return _read(str(path))
 
 
+def _inline_headers(text: str, chain: tuple[str, ...], done: set[str]) -> str:
+    """``text`` with each ``#include "<name>.cuh"`` replaced by that header of ``kernel_dir()``, itself
+    inlined the same way. ``chain`` is the include path down to ``text`` (the ``.cu`` first); ``done``
+    holds the headers already inlined into this source: a repeated include becomes a comment (each
+    header's text appears once, as ``#pragma once`` would have it)."""
+
+    def one(m: re.Match) -> str:
+        header = m.group(1)
+        where = f"{' -> '.join(chain)}: #include \"{header}\""
+        if "/" in header or "\\" in header:
+            raise KernelCompileError(f"{where}: headers are inlined from {kernel_dir()} itself; give a bare name")
+        if header in chain:
+            raise KernelCompileError(f"{where}: include cycle {' -> '.join([*chain[chain.index(header):], header])}")
+        if header in done:
+            return f"// ---- {header} (inlined above)"
+        path = kernel_dir() / header
+        if not path.is_file():
+            raise KernelCompileError(f"{where}: no such header in {path.parent}")
+        done.add(header)
+        body = _inline_headers(_read(str(path)), (*chain, header), done)
+        return f"// ---- {header}\n{body}\n// ---- end of {header}"
+
+    return _INCLUDE.sub(one, text)
+
+
 def build_source(name: str, defines: dict | None = None) -> str:
-    """The text NVRTC compiles: ``#define`` lines, then the source with ``common.cuh`` inlined."""
-    header = _read(str(kernel_dir() / COMMON_HEADER))
-    body = _INCLUDE_COMMON.sub(lambda _m: header, read_source(name))
+    """The text NVRTC compiles: ``#define`` lines, then the source with its ``.cuh`` headers inlined
+    (recursively, each once).
+
+    Raises
+    ------
+    KernelCompileError
+        When the source includes a header that ``kernels/`` lacks, or the includes form a cycle.
+    """
+    body = _inline_headers(read_source(name), (f"{name}.cu",), set())
     lines = [f"#define {k} {v}" for k, v in sorted((defines or {}).items())]
     return "\n".join([*lines, f"// ---- {name}.cu", body])
 
@@ -192,11 +226,14 @@ def compile_cubin(name: str, arch: str, defines: dict | None = None, *, cache=Tr
 
 def check_all(archs=("sm_80", "sm_90")) -> list[dict]:
     """Compile every kernel source for every arch (no cache, no GPU needed) and check that each entry
-    point is in the binary. Returns one record per (file, arch); raises on the first failure."""
+    point is in the binary; sources with code for an arch-specific target (``__CUDA_ARCH_FEAT_SM90_ALL``)
+    are compiled for ``sm_90a`` as well. Returns one record per (file, arch); raises on the first
+    failure."""
     records = []
     for name in kernel_files():
         entries = entry_points(name)
-        for arch in archs:
+        extra = ("sm_90a",) if "__CUDA_ARCH_FEAT_SM90_ALL" in read_source(name) else ()
+        for arch in (*archs, *extra):
             t0 = time.perf_counter()
             obj = compile_cubin(name, arch, cache=False)
             code = bytes(obj.code)
@@ -246,13 +283,20 @@ _modules_lock = threading.Lock()
 _handles: dict = {}
 
 
-def get_kernel(name: str, entry: str, defines: dict | None = None) -> KernelHandle:
-    """The entry point ``entry`` of ``kernels/<name>.cu``, compiled for the current device (memoised)."""
+def arch_specific_target(arch: str) -> str:
+    """The arch-specific target of ``arch`` (``"sm_90"`` -> ``"sm_90a"``): its binaries may use the
+    instructions of exactly that architecture (Hopper's wgmma) and run only on it."""
+    return arch if arch.endswith("a") else arch + "a"
+
+
+def get_kernel(name: str, entry: str, defines: dict | None = None, *, arch_specific: bool = False) -> KernelHandle:
+    """The entry point ``entry`` of ``kernels/<name>.cu``, compiled for the current device (memoised);
+    ``arch_specific=True`` compiles for its arch-specific target (:func:`arch_specific_target`)."""
     import cupy
 
     # Fast path: a handle already loaded for this device (no Device object, no context call, no
     # ObjectCode lookup), since callers ask for their kernels on every call.
-    hkey = (cupy.cuda.runtime.getDevice(), name, entry, tuple(sorted((defines or {}).items())))
+    hkey = (cupy.cuda.runtime.getDevice(), name, entry, tuple(sorted((defines or {}).items())), arch_specific)
     handle = _handles.get(hkey)
     if handle is not None:
         return handle
@@ -260,11 +304,12 @@ def get_kernel(name: str, entry: str, defines: dict | None = None) -> KernelHand
     if params is None:
         raise KernelCompileError(f"{name}.cu has no entry point {entry!r} (has {sorted(entry_points(name))})")
     dev = _device()
-    key = (dev.device_id, name, tuple(sorted((defines or {}).items())))
+    arch = arch_specific_target(device_arch(dev)) if arch_specific else device_arch(dev)
+    key = (dev.device_id, name, tuple(sorted((defines or {}).items())), arch)
     with _modules_lock:
         obj = _modules.get(key)
         if obj is None:
-            obj = compile_cubin(name, device_arch(dev), defines)
+            obj = compile_cubin(name, arch, defines)
             _modules[key] = obj
     handle = KernelHandle(kernel=obj.get_kernel(entry), name=f"{name}.{entry}", params=params)
     _handles[hkey] = handle
