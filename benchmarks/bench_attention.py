@@ -59,8 +59,8 @@ def kernel_launcher(qd, kd, vd, xd, gd, cfg, cutoff2, scale, precision="bfloat16
     from protgpu.scoring import attention as att
 
     B, L, H, d = qd.shape
-    entry = "flash_attention_bf16" if precision == "bfloat16" else "flash_attention_f16"
-    kern = _cuda.get_kernel("attention_flash", entry, cfg).kernel
+    entry, arch_specific = att.flash_entry(precision, cfg, cutoff2)  # the one attention() would launch
+    kern = _cuda.get_kernel("attention_flash", entry, cfg, arch_specific=arch_specific).kernel
     rows = att.flash_block_m(cfg)
     lc = LaunchConfig(grid=((L + rows - 1) // rows, H, B), block=(32 * int(cfg["FA_WARPS"]),), shmem_size=0)
     out = cupy.empty_like(qd)
@@ -152,8 +152,14 @@ def gpu_rows(B, L, H, d, args, rows, extra):
     gd = cupy.asarray(gamma.astype(np.float32))
     cfg = att.flash_config(d)
     run = kernel_launcher(qd, kd, vd, xd, gd, cfg, -1.0, scale)
-    kern = add("protgpu fused bf16 (kernel) [x20]", time_gpu_batched(run), f"config {cfg}")
+    entry = att.flash_entry("bfloat16", cfg, -1.0)[0]
+    kern = add("protgpu fused bf16 (kernel) [x20]", time_gpu_batched(run), f"{entry}, config {cfg}")
     extra["flash_config"] = cfg
+    extra["flash_entry"] = entry
+    if cfg.get("FA_WGMMA"):
+        mma_cfg = {**cfg, "FA_WGMMA": 0}
+        t = time_gpu_batched(kernel_launcher(qd, kd, vd, xd, gd, mma_cfg, -1.0, scale))
+        add("protgpu fused bf16 (kernel, mma.sync, FA_WGMMA=0) [x20]", t, "the kernel for other GPUs")
     if torch is not None:
         # SDPA's time moved by up to 15% between runs on the same GPU model (0.077-0.091 ms) while the
         # kernel's did not: rounds that alternate the two (x20 each) give a ratio under the same

@@ -68,6 +68,9 @@ typedef unsigned int u32;
 #ifndef FA_TAU  // lazy-rescaling threshold in log2 units: P <= 2^FA_TAU (fits float16 and bfloat16)
 #define FA_TAU 8.0f
 #endif
+#ifndef FA_WG_SPLIT  // wgmma kernel: 1 overlaps slice 0's softmax with slice 1's S (and so on); 0: one S
+#define FA_WG_SPLIT 0  // group per tile (measured faster at L = 4096, d = 64)
+#endif
 #ifndef FA_BIAS_MMA  // 1: the distance bias (no cutoff) on the tensor cores; 0: always 3 FMAs per logit
 #define FA_BIAS_MMA 1
 #endif
@@ -170,6 +173,83 @@ __device__ __forceinline__ float fa_f16_round(float x) {
     return y;
 }
 
+// ---- Hopper warpgroup MMA (wgmma, sm_90a only) ---------------------------------------------------------
+// The four warps of a block form one warpgroup. wgmma.m64n64k16 multiplies 64 query rows (16 a warp, A
+// from registers in the mma.sync fragment layout) by a 16 x 64 operand that the tensor cores read from
+// shared memory themselves, once for the whole warpgroup: mma.sync has every warp read its own copy of
+// the K and V fragments through ldmatrix, and at d = 64 that shared-memory traffic, not the tensor
+// cores, bounds FlashAttention-2-style kernels. The accumulator of one m64n64 is the warp's 16 x 64 in
+// the layout of eight m16n8 tiles, so the softmax code is shared with the mma.sync path unchanged.
+// Shared-memory operands are given by 64-bit descriptors: start address, leading / stride byte offsets
+// (16-byte units) and the swizzle mode. K and V rows are 128 bytes (64 16-bit values) in the 128-byte
+// swizzle (16-byte chunk c of row r stored at chunk c ^ (r & 7), 1024-byte aligned tiles); the bias
+// channels are 32-byte rows in the 32-byte swizzle (chunk c of row r at c ^ ((r >> 2) & 1)), the
+// layout the mma.sync path already uses for its ldmatrix.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FA_HAS_WGMMA 1
+#else
+#define FA_HAS_WGMMA 0
+#endif
+#define FA_SWIZZLE_128B 1ull
+#define FA_SWIZZLE_32B 3ull
+
+__device__ __forceinline__ unsigned long long fa_wg_desc(u32 addr, u32 lead_bytes, u32 stride_bytes,
+                                                         unsigned long long swizzle) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)((lead_bytes >> 4) & 0x3FFFu) << 16) |
+           ((unsigned long long)((stride_bytes >> 4) & 0x3FFFu) << 32) | (swizzle << 62);
+}
+
+// Keeps the compiler from moving reads or writes of an accumulator register across the asynchronous
+// wgmma that owns it (the asm statements below name the registers, not the order of their uses).
+template <int N>
+__device__ __forceinline__ void fa_reg_fence(float* r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+#if FA_HAS_WGMMA
+__device__ __forceinline__ void fa_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void fa_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>  // until at most N of this warp's committed groups are pending
+__device__ __forceinline__ void fa_wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+#define FA_WG_D32                                                                                                \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+    "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FA_WG_D32_OPERANDS                                                                                       \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),  \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),   \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),  \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define FA_WG_MMA(TYPES, TRANS_B)                                                                               \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                    \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES " " FA_WG_D32                               \
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, " TRANS_B ";\n}\n"                                      \
+                 : FA_WG_D32_OPERANDS                                                                            \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate))
+
+// d (the warp's 16 x 64 of the 64 x 64 accumulator) = A (registers) B (descriptor) + (accumulate ? d : 0).
+// F16: float16 operands (else bfloat16); TRANS_B: B's rows are its N dimension (V: keys x features).
+template <bool F16, bool TRANS_B>
+__device__ __forceinline__ void fa_wgmma64(float* d, const u32* a, unsigned long long b_desc, int accumulate) {
+    if (F16) {
+        if (TRANS_B) FA_WG_MMA("f16.f16", "1");
+        else FA_WG_MMA("f16.f16", "0");
+    } else {
+        if (TRANS_B) FA_WG_MMA("bf16.bf16", "1");
+        else FA_WG_MMA("bf16.bf16", "0");
+    }
+}
+#else
+// Never called off sm_90a (the wgmma entry points are empty there): stubs keep the body compilable.
+__device__ __forceinline__ void fa_wg_fence() {}
+__device__ __forceinline__ void fa_wg_commit() {}
+template <int N>
+__device__ __forceinline__ void fa_wg_wait() {}
+template <bool F16, bool TRANS_B>
+__device__ __forceinline__ void fa_wgmma64(float*, const u32*, unsigned long long, int) {}
+#endif
+
 // Query-side bias channel c (0..15) of one row: see the table at the top.
 __device__ __forceinline__ float fa_query_channel(int c, float hx, float hy, float hz, float lx, float ly, float lz,
                                                   float pa) {
@@ -200,6 +280,17 @@ struct __align__(16) FaSmem {
         unsigned short xb[FA_STAGES][FA_BLOCK_N * FA_XB_HALVES];
     };
 };
+// The wgmma kernel's shared memory: unpadded 128-byte rows of K and V in the 128-byte swizzle (each
+// stage's tile 1024-byte aligned, as the swizzle's 8-row period needs), then the bias channels as above
+// (256-byte aligned for the 32-byte swizzle). The entry point aligns the whole to 1024 bytes at run time.
+struct FaSmemWg {
+    unsigned short ks[FA_STAGES][FA_BLOCK_N * HEAD_DIM];
+    unsigned short vs[FA_STAGES][FA_BLOCK_N * HEAD_DIM];
+    union {
+        float4 xs[FA_STAGES][FA_BLOCK_N];
+        unsigned short xb[FA_STAGES][FA_BLOCK_N * FA_XB_HALVES];
+    };
+};
 // Per-block choice of the bias path and its scales, reduced over the block (see flash_entry).
 struct FaBlockBias {
     float ox, oy, oz;  // origin: the first real query residue of the block (0 if none)
@@ -210,8 +301,9 @@ struct FaBlockBias {
     bool bias_mma;     // tensor-core path: whether the bias mma can change any logit (see flash_entry)
 };
 
-template <bool BF16, int MODE>
-__device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const FaBlockBias& bb,
+// WG: the products on wgmma (sm_90a, HEAD_DIM = FA_BLOCK_N = 64, no cutoff), else on mma.sync.
+template <bool BF16, int MODE, bool WG, class Smem>
+__device__ __forceinline__ void flash_attention_mma(Smem& sm, const FaBlockBias& bb,
                                                     const unsigned short* __restrict__ q,
                                                     const unsigned short* __restrict__ k,
                                                     const unsigned short* __restrict__ v,
@@ -222,6 +314,9 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const FaBlockBia
                                                     int mstride, float scale, float cutoff2) {
     constexpr bool CUTOFF = MODE == FA_MODE_CUTOFF;
     constexpr bool MMAB = MODE == FA_MODE_MMA;  // the bias on the tensor cores
+    static_assert(!WG || (!CUTOFF && HEAD_DIM == 64 && FA_BLOCK_N == 64 && FA_WARPS == 4),
+                  "the wgmma path is one warpgroup, 128-byte rows and 64-key tiles, without a cutoff "
+                  "(whose tile skipping is decided per warp)");
     const int tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31;
     const int grp = lane >> 2, tig = lane & 3;  // mma fragment coordinates: row group, thread in group
@@ -237,13 +332,17 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const FaBlockBia
     const float gl2 = gamma[h] * FA_LOG2E;
     const float sl2 = scale * FA_LOG2E;
 
-    // This thread's query rows: fragment rows grp and grp + 8 of each of the warp's FA_MT slices.
-    const int wrow = blockIdx.x * FA_BLOCK_M + warp * FA_ROWS_PER_WARP;
+    // This thread's query rows: fragment rows grp and grp + 8 of each of the warp's FA_MT slices. A
+    // warp's slices are adjacent on mma.sync; on wgmma slice mt is rows 16 warp.. of the block's mt-th
+    // 64 rows (one m64 instruction each).
+    constexpr int WARP_ROWS = WG ? 16 : FA_ROWS_PER_WARP;
+    constexpr int SLICE_ROWS = WG ? 16 * FA_WARPS : 16;
+    const int wrow = blockIdx.x * FA_BLOCK_M + warp * WARP_ROWS;
     int row[FA_MT][2];
     bool rok[FA_MT][2];
 #pragma unroll
     for (int mt = 0; mt < FA_MT; ++mt) {
-        row[mt][0] = wrow + mt * 16 + grp;
+        row[mt][0] = wrow + mt * SLICE_ROWS + grp;
         row[mt][1] = row[mt][0] + 8;
         rok[mt][0] = row[mt][0] < L;
         rok[mt][1] = row[mt][1] < L;
@@ -361,8 +460,14 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const FaBlockBia
     constexpr int RPP = EVEN ? FA_THREADS / CPR : 1;  // rows per pass of the whole block
     constexpr int PASSES = (FA_BLOCK_N + RPP - 1) / RPP;
     const int lr = tid / CPR, lc = tid - (tid / CPR) * CPR;
-    const u32 ks0 = fa_smem_addr(&sm.ks[0][0]) + (u32)(lr * FA_LDS + lc * 8) * 2u;
-    const u32 vs0 = fa_smem_addr(&sm.vs[0][0]) + (u32)(lr * FA_LDS + lc * 8) * 2u;
+    // Shared rows: padded (mma.sync) or 128-byte swizzled (wgmma; RPP is a multiple of 8, so a thread's
+    // rows all have the swizzle phase of lr).
+    constexpr u32 ROW_BYTES = WG ? HEAD_DIM * 2 : FA_LDS * 2;
+    constexpr u32 STAGE_BYTES = FA_BLOCK_N * ROW_BYTES;
+    static_assert(!WG || (EVEN && RPP % 8 == 0), "the wgmma path's loads keep one swizzle phase per thread");
+    const u32 lchunk = WG ? (u32)(lc ^ (lr & 7)) : (u32)lc;
+    const u32 ks0 = fa_smem_addr(&sm.ks[0][0]) + (u32)lr * ROW_BYTES + lchunk * 16u;
+    const u32 vs0 = fa_smem_addr(&sm.vs[0][0]) + (u32)lr * ROW_BYTES + lchunk * 16u;
     const unsigned short* kg0 = kb + (i64)lr * rs + lc * 8;
     const unsigned short* vg0 = vb + (i64)lr * rs + lc * 8;
 
@@ -377,7 +482,7 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const FaBlockBia
                 const bool ok = n0 + r < L;
                 // Rows past the end are zero-filled (source size 0) from an address that is still valid.
                 const i64 off = off0 + (i64)(p * RPP) * rs;
-                const u32 so = (u32)(st * FA_TILE_BYTES + p * RPP * FA_LDS * 2);
+                const u32 so = (u32)(st * STAGE_BYTES + p * RPP * ROW_BYTES);
                 fa_cp_async16(ks0 + so, ok ? kg0 + off : kb + lc * 8, ok ? 16 : 0);
                 fa_cp_async16(vs0 + so, ok ? vg0 + off : vb + lc * 8, ok ? 16 : 0);
             }
@@ -511,6 +616,27 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const FaBlockBia
 
         // ---- S = Q K^T for the warp's FA_MT x 16 rows and FA_BLOCK_N keys
         float s[FA_MT][FA_BLOCK_N / 8][4];
+        if (WG) {
+            // The bias (f16 channels) opens the accumulator, else the first k-step does (accumulate = 0).
+            // K-major operands in the 128-byte swizzle: k-step kk starts 32 bytes further along the rows.
+            const bool bias = MMAB && bb.bias_mma;
+            const u32 kbase = fa_smem_addr(&sm.ks[st][0]);
+            const u32 xbase = fa_smem_addr(&sm.xb[st][0]);
+#pragma unroll
+            for (int mt = 0; mt < FA_MT; ++mt) fa_reg_fence<FA_BLOCK_N / 2>(&s[mt][0][0]);
+            fa_wg_fence();
+            // FA_WG_SPLIT: one commit group per slice, so that slice 0's softmax can start while slice 1's
+            // S is still being computed (see the end of the tile loop).
+#pragma unroll
+            for (int mt = 0; mt < FA_MT; ++mt) {
+                if (bias) fa_wgmma64<true, false>(&s[mt][0][0], ab[mt], fa_wg_desc(xbase, 16, 8 * 32, FA_SWIZZLE_32B), 0);
+#pragma unroll
+                for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
+                    fa_wgmma64<!BF16, false>(&s[mt][0][0], qf[mt][kk],
+                                             fa_wg_desc(kbase + 32 * kk, 16, 8 * 128, FA_SWIZZLE_128B), bias || kk > 0);
+                if (FA_WG_SPLIT || mt == FA_MT - 1) fa_wg_commit();
+            }
+        } else {
 #pragma unroll
         for (int mt = 0; mt < FA_MT; ++mt)
 #pragma unroll
@@ -542,106 +668,166 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const FaBlockBia
                 }
             }
         }
+        }  // mma.sync
 
-        // ---- bias, mask, cutoff -> logits (log2 units; tensor-core path: S as it is, q.k + bias / scale);
-        // tile row maxima
-        float tm[FA_MT][2];
-#pragma unroll
-        for (int mt = 0; mt < FA_MT; ++mt) tm[mt][0] = tm[mt][1] = FA_NEG_INF;
-        if (MMAB) {
-#pragma unroll
-            for (int n = 0; n < FA_BLOCK_N / 8; ++n)
-#pragma unroll
-                for (int mt = 0; mt < FA_MT; ++mt) {
-                    tm[mt][0] = fmaxf(tm[mt][0], fmaxf(s[mt][n][0], s[mt][n][1]));
-                    tm[mt][1] = fmaxf(tm[mt][1], fmaxf(s[mt][n][2], s[mt][n][3]));
-                }
-        } else {
-#pragma unroll
-            for (int n = 0; n < FA_BLOCK_N / 8; ++n) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float4 xj = xst[n * 8 + tig * 2 + e];
-#pragma unroll
-                    for (int mt = 0; mt < FA_MT; ++mt) {
-#pragma unroll
-                        for (int hh = 0; hh < 2; ++hh) {
-                            float& sv = s[mt][n][2 * hh + e];
-                            float tv;
-                            if (CUTOFF) {
-                                const float dx = ax[mt][hh] - xj.x, dy = ay[mt][hh] - xj.y, dz = az[mt][hh] - xj.z;
-                                const float d2 = fmaf(dx, dx, fmaf(dy, dy, dz * dz));
-                                tv = fmaf(sv, sl2, fmaf(-gl2, d2, xj.w));
-                                if (d2 > cutoff2) tv = FA_NEG_INF;
-                            } else {
-                                tv = fmaf(sv, sl2,
-                                          fmaf(ax[mt][hh], xj.x, fmaf(ay[mt][hh], xj.y, fmaf(az[mt][hh], xj.z, xj.w))));
+        // The online softmax of slices [M0, M1): S -> logits, row maxima, lazy rescaling of O, and
+        // P = 2^(logit - m) in place of S. Called with constant bounds only: inlined, its loops unroll
+        // and the register arrays stay registers (ptxas reports no stack frame).
+        auto softmax = [&](const int M0, const int M1) {
+            // ---- bias, mask, cutoff -> logits (log2 units; tensor-core path: S as it is, q.k + bias / scale);
+            // tile row maxima
+            float tm[FA_MT][2];
+    #pragma unroll
+            for (int mt = M0; mt < M1; ++mt) tm[mt][0] = tm[mt][1] = FA_NEG_INF;
+            if (MMAB) {
+    #pragma unroll
+                for (int n = 0; n < FA_BLOCK_N / 8; ++n)
+    #pragma unroll
+                    for (int mt = M0; mt < M1; ++mt) {
+                        tm[mt][0] = fmaxf(tm[mt][0], fmaxf(s[mt][n][0], s[mt][n][1]));
+                        tm[mt][1] = fmaxf(tm[mt][1], fmaxf(s[mt][n][2], s[mt][n][3]));
+                    }
+            } else {
+    #pragma unroll
+                for (int n = 0; n < FA_BLOCK_N / 8; ++n) {
+    #pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float4 xj = xst[n * 8 + tig * 2 + e];
+    #pragma unroll
+                        for (int mt = M0; mt < M1; ++mt) {
+    #pragma unroll
+                            for (int hh = 0; hh < 2; ++hh) {
+                                float& sv = s[mt][n][2 * hh + e];
+                                float tv;
+                                if (CUTOFF) {
+                                    const float dx = ax[mt][hh] - xj.x, dy = ay[mt][hh] - xj.y, dz = az[mt][hh] - xj.z;
+                                    const float d2 = fmaf(dx, dx, fmaf(dy, dy, dz * dz));
+                                    tv = fmaf(sv, sl2, fmaf(-gl2, d2, xj.w));
+                                    if (d2 > cutoff2) tv = FA_NEG_INF;
+                                } else {
+                                    tv = fmaf(sv, sl2,
+                                              fmaf(ax[mt][hh], xj.x, fmaf(ay[mt][hh], xj.y, fmaf(az[mt][hh], xj.z, xj.w))));
+                                }
+                                sv = tv;
+                                tm[mt][hh] = fmaxf(tm[mt][hh], tv);
                             }
-                            sv = tv;
-                            tm[mt][hh] = fmaxf(tm[mt][hh], tv);
                         }
                     }
                 }
             }
-        }
-        // A row's values sit in the 4 threads of a quad.
-        bool grow = false;
-#pragma unroll
-        for (int mt = 0; mt < FA_MT; ++mt) {
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                float x = tm[mt][hh];
-                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-                tm[mt][hh] = x;
-                grow |= x > m[mt][hh] + tau;  // -inf + tau = -inf: the first real logit moves m
-            }
-        }
-
-        // ---- lazy rescale: only when some row's maximum grew by more than FA_TAU
-        if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-            for (int mt = 0; mt < FA_MT; ++mt) {
-#pragma unroll
+            // A row's values sit in the 4 threads of a quad.
+            bool grow = false;
+    #pragma unroll
+            for (int mt = M0; mt < M1; ++mt) {
+    #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
-                    const bool up = tm[mt][hh] > m[mt][hh] + tau;
-                    const float dm = m[mt][hh] - tm[mt][hh];
-                    const float c = up ? fa_exp2(MMAB ? dm * sl2 : dm) : 1.f;  // 2^(-inf) = 0
-                    m[mt][hh] = up ? tm[mt][hh] : m[mt][hh];
-                    ls[mt][2 * hh] *= c;
-                    ls[mt][2 * hh + 1] *= c;
-#pragma unroll
-                    for (int n = 0; n < HEAD_DIM / 8; ++n) {
-                        o[mt][n][2 * hh] *= c;
-                        o[mt][n][2 * hh + 1] *= c;
-                    }
+                    float x = tm[mt][hh];
+                    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+                    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+                    tm[mt][hh] = x;
+                    grow |= x > m[mt][hh] + tau;  // -inf + tau = -inf: the first real logit moves m
                 }
             }
-        }
 
-        // ---- P = 2^(logit - m): at most 2^FA_TAU. A row with every key so far masked keeps m = -inf;
-        // subtracting 0 instead keeps 2^x at 0 rather than NaN (-inf - -inf).
-#pragma unroll
-        for (int mt = 0; mt < FA_MT; ++mt) {
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const float mu = m[mt][hh] == FA_NEG_INF ? 0.f : m[mt][hh];
-                if (MMAB) {  // 2^((S - m) scale log2e) as one FMA and the exponential
-                    const float nm = -mu * sl2;
-#pragma unroll
-                    for (int n = 0; n < FA_BLOCK_N / 8; ++n) {
-                        s[mt][n][2 * hh] = fa_exp2(fmaf(s[mt][n][2 * hh], sl2, nm));
-                        s[mt][n][2 * hh + 1] = fa_exp2(fmaf(s[mt][n][2 * hh + 1], sl2, nm));
-                    }
-                } else {
-#pragma unroll
-                    for (int n = 0; n < FA_BLOCK_N / 8; ++n) {
-                        s[mt][n][2 * hh] = fa_exp2(s[mt][n][2 * hh] - mu);
-                        s[mt][n][2 * hh + 1] = fa_exp2(s[mt][n][2 * hh + 1] - mu);
+            // ---- lazy rescale: only when some row's maximum grew by more than FA_TAU
+            if (__any_sync(0xffffffffu, grow)) {
+    #pragma unroll
+                for (int mt = M0; mt < M1; ++mt) {
+    #pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const bool up = tm[mt][hh] > m[mt][hh] + tau;
+                        const float dm = m[mt][hh] - tm[mt][hh];
+                        const float c = up ? fa_exp2(MMAB ? dm * sl2 : dm) : 1.f;  // 2^(-inf) = 0
+                        m[mt][hh] = up ? tm[mt][hh] : m[mt][hh];
+                        ls[mt][2 * hh] *= c;
+                        ls[mt][2 * hh + 1] *= c;
+    #pragma unroll
+                        for (int n = 0; n < HEAD_DIM / 8; ++n) {
+                            o[mt][n][2 * hh] *= c;
+                            o[mt][n][2 * hh + 1] *= c;
+                        }
                     }
                 }
             }
+
+            // ---- P = 2^(logit - m): at most 2^FA_TAU. A row with every key so far masked keeps m = -inf;
+            // subtracting 0 instead keeps 2^x at 0 rather than NaN (-inf - -inf).
+    #pragma unroll
+            for (int mt = M0; mt < M1; ++mt) {
+    #pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const float mu = m[mt][hh] == FA_NEG_INF ? 0.f : m[mt][hh];
+                    if (MMAB) {  // 2^((S - m) scale log2e) as one FMA and the exponential
+                        const float nm = -mu * sl2;
+    #pragma unroll
+                        for (int n = 0; n < FA_BLOCK_N / 8; ++n) {
+                            s[mt][n][2 * hh] = fa_exp2(fmaf(s[mt][n][2 * hh], sl2, nm));
+                            s[mt][n][2 * hh + 1] = fa_exp2(fmaf(s[mt][n][2 * hh + 1], sl2, nm));
+                        }
+                    } else {
+    #pragma unroll
+                        for (int n = 0; n < FA_BLOCK_N / 8; ++n) {
+                            s[mt][n][2 * hh] = fa_exp2(s[mt][n][2 * hh] - mu);
+                            s[mt][n][2 * hh + 1] = fa_exp2(s[mt][n][2 * hh + 1] - mu);
+                        }
+                    }
+                }
+            }
+
+        };
+
+        if (WG) {
+            // Slices [M0, M1) at a time (all, or one with FA_WG_SPLIT): wait for their S, the softmax, then
+            // their P V issued at once. Split, slice 0's softmax runs while slice 1's S is computed and
+            // slice 0's P V while slice 1's softmax runs: the pending groups are in order S0, S1, P V0,
+            // and each wait leaves at most one of the others in flight.
+            // P of all 64 keys is kept until the end: the wgmma reads its A registers asynchronously.
+            // V is the N-major (transposed) operand: 16 keys a k-step, 2048 bytes apart; its 8-key groups
+            // 1024 bytes apart; one 64-column block (the lead offset is unused).
+            u32 pw[FA_BLOCK_N / 16][FA_MT][4];
+            const u32 vbase = fa_smem_addr(&sm.vs[st][0]);
+            auto slices = [&](const int M0, const int M1) {  // (constant arguments only, as softmax)
+                fa_wg_wait<(FA_WG_SPLIT && FA_MT == 2) ? 1 : 0>();
+#pragma unroll
+                for (int mt = M0; mt < M1; ++mt) fa_reg_fence<FA_BLOCK_N / 2>(&s[mt][0][0]);
+                softmax(M0, M1);
+#pragma unroll
+                for (int mt = M0; mt < M1; ++mt) {
+#pragma unroll
+                    for (int kc = 0; kc < FA_BLOCK_N / 16; ++kc) {
+                        pw[kc][mt][0] = fa_pack<BF16>(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                        pw[kc][mt][1] = fa_pack<BF16>(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                        pw[kc][mt][2] = fa_pack<BF16>(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                        pw[kc][mt][3] = fa_pack<BF16>(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+                    }
+                    fa_reg_fence<HEAD_DIM / 2>(&o[mt][0][0]);
+                }
+                fa_wg_fence();
+#pragma unroll
+                for (int kc = 0; kc < FA_BLOCK_N / 16; ++kc)
+#pragma unroll
+                    for (int mt = M0; mt < M1; ++mt)
+                        fa_wgmma64<!BF16, true>(&o[mt][0][0], pw[kc][mt],
+                                                fa_wg_desc(vbase + 16 * 128 * kc, 8 * 1024, 8 * 128, FA_SWIZZLE_128B), 1);
+                fa_wg_commit();
+            };
+            if (FA_WG_SPLIT && FA_MT == 2) {
+                slices(0, 1);
+                slices(1, 2);
+            } else {
+                slices(0, FA_MT);
+            }
+            // The row sums (mma.sync on other registers) overlap the last P V.
+#pragma unroll
+            for (int kc = 0; kc < FA_BLOCK_N / 16; ++kc)
+#pragma unroll
+                for (int mt = 0; mt < FA_MT; ++mt) fa_mma<BF16>(ls[mt], pw[kc][mt], ones, ones);
+            fa_wg_wait<0>();  // before the next tile's barrier lets this stage's V be refilled
+#pragma unroll
+            for (int mt = 0; mt < FA_MT; ++mt) fa_reg_fence<HEAD_DIM / 2>(&o[mt][0][0]);
+            continue;
         }
+        softmax(0, FA_MT);
 
         // ---- O += P V
         const u32 vst = vld + (u32)(st * FA_TILE_BYTES);
@@ -693,14 +879,14 @@ __device__ __forceinline__ void flash_attention_mma(FaSmem& sm, const FaBlockBia
 // the origin only in a block without real rows (its first row with finite coordinates). The tensor-core path also needs the largest squared distance from the origin of the
 // block's query rows (finite ones, padding included) and of all real keys: one pass over the key
 // coordinates (L2-resident, shared by every block) and a block reduction.
-template <bool BF16>
-__device__ __forceinline__ void flash_entry(FaSmem& sm, const unsigned short* q, const unsigned short* k,
+template <bool BF16, bool WG, class Smem>
+__device__ __forceinline__ void flash_entry(Smem& sm, const unsigned short* q, const unsigned short* k,
                                             const unsigned short* v, const float* coords, const float* gamma,
                                             const unsigned char* mask, unsigned short* out, int L, int H,
                                             int xstride, int mstride, float scale, float cutoff2) {
     FaBlockBias bb = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, false};
-    if (cutoff2 >= 0.f) {
-        flash_attention_mma<BF16, FA_MODE_CUTOFF>(sm, bb, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride,
+    if (!WG && cutoff2 >= 0.f) {  // (the wgmma entry points are not launched with a cutoff)
+        flash_attention_mma<BF16, FA_MODE_CUTOFF, false>(sm, bb, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride,
                                                   scale, cutoff2);
         return;
     }
@@ -785,10 +971,10 @@ __device__ __forceinline__ void flash_entry(FaSmem& sm, const unsigned short* q,
         }
     }
     if (mma)
-        flash_attention_mma<BF16, FA_MODE_MMA>(sm, bb, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride,
+        flash_attention_mma<BF16, FA_MODE_MMA, WG>(sm, bb, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride,
                                                scale, cutoff2);
     else
-        flash_attention_mma<BF16, FA_MODE_F32>(sm, bb, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride,
+        flash_attention_mma<BF16, FA_MODE_F32, WG>(sm, bb, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride,
                                                scale, cutoff2);
 }
 
@@ -797,12 +983,42 @@ extern "C" __global__ __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) void flash_at
     const unsigned char* mask, __nv_bfloat16* out, int L, int H, int xstride, int mstride, float scale,
     float cutoff2) {
     __shared__ FaSmem sm;
-    flash_entry<true>(sm, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale, cutoff2);
+    flash_entry<true, false>(sm, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale, cutoff2);
 }
 
 extern "C" __global__ __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) void flash_attention_f16(
     const __half* q, const __half* k, const __half* v, const float* coords, const float* gamma,
     const unsigned char* mask, __half* out, int L, int H, int xstride, int mstride, float scale, float cutoff2) {
     __shared__ FaSmem sm;
-    flash_entry<false>(sm, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale, cutoff2);
+    flash_entry<false, false>(sm, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale, cutoff2);
+}
+
+// The wgmma entry points (HEAD_DIM = FA_BLOCK_N = 64, FA_WARPS = 4, no cutoff): compiled for sm_90a; for
+// other targets they are empty, and the host launches them only on a compute capability 9.0 device.
+#if FA_HAS_WGMMA
+#define FA_WG_SMEM_BYTES (sizeof(FaSmemWg) + 1024)
+__device__ __forceinline__ FaSmemWg& fa_wg_smem(unsigned char* raw) {  // 1024-byte aligned (the swizzle)
+    return *reinterpret_cast<FaSmemWg*>(raw + ((1024u - (fa_smem_addr(raw) & 1023u)) & 1023u));
+}
+#endif
+
+extern "C" __global__ __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) void flash_attention_wg_bf16(
+    const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* coords, const float* gamma,
+    const unsigned char* mask, __nv_bfloat16* out, int L, int H, int xstride, int mstride, float scale,
+    float cutoff2) {
+#if FA_HAS_WGMMA
+    __shared__ __align__(128) unsigned char raw[FA_WG_SMEM_BYTES];
+    flash_entry<true, true>(fa_wg_smem(raw), q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale,
+                            cutoff2);
+#endif
+}
+
+extern "C" __global__ __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) void flash_attention_wg_f16(
+    const __half* q, const __half* k, const __half* v, const float* coords, const float* gamma,
+    const unsigned char* mask, __half* out, int L, int H, int xstride, int mstride, float scale, float cutoff2) {
+#if FA_HAS_WGMMA
+    __shared__ __align__(128) unsigned char raw[FA_WG_SMEM_BYTES];
+    flash_entry<false, true>(fa_wg_smem(raw), q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale,
+                             cutoff2);
+#endif
 }

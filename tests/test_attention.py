@@ -419,6 +419,28 @@ def test_flash_overrides(monkeypatch):
     cfg = flash_config(64)
     assert cfg["FA_WARPS"] == 8 and cfg["HEAD_DIM"] == 64
     assert att.flash_block_m(cfg) == 128
+    assert cfg["FA_WGMMA"] == 0  # 8 warps are two warpgroups: not the wgmma kernel's shape
+
+
+@pytest.mark.parametrize("d", [16, 32, 48, 64, 80, 96, 112, 128])
+def test_wgmma_kernel_only_for_its_tile_shape(monkeypatch, d):
+    """The wgmma entry points are chosen only for d = 64 with the default tiles, without a cutoff, on a
+    compute capability 9.0 device, and can be switched off (FA_WGMMA = 0); the mma.sync kernel
+    otherwise."""
+    monkeypatch.setattr(att, "_wgmma_device", lambda: True)
+    cfg = flash_config(d)
+    assert cfg["FA_WGMMA"] == int(d == 64)
+    for precision, suffix in (("bfloat16", "bf16"), ("float16", "f16")):
+        assert att.flash_entry(precision, cfg, -1.0) == (
+            (f"flash_attention_wg_{suffix}", True) if d == 64 else (f"flash_attention_{suffix}", False))
+        assert att.flash_entry(precision, cfg, 100.0) == (f"flash_attention_{suffix}", False)  # cutoff
+    monkeypatch.setattr(att, "_wgmma_device", lambda: False)
+    assert att.flash_entry("float16", cfg, -1.0) == ("flash_attention_f16", False)
+    monkeypatch.setattr(att, "_wgmma_device", lambda: True)
+    for overrides in ({"FA_WGMMA": 0}, {"FA_BLOCK_N": 32}, {"FA_STAGES": 1}, {"FA_WARPS": 2}):
+        monkeypatch.setattr(att, "FLASH_OVERRIDES", overrides)
+        assert flash_config(d)["FA_WGMMA"] == 0
+        assert att.flash_entry("float16", flash_config(d), -1.0) == ("flash_attention_f16", False)
 
 
 def test_fast_path_declines_host_and_weight_calls():
@@ -595,11 +617,18 @@ def test_kernel_configurations_compile():
     pytest.importorskip("cuda.core")
     from protgpu._cuda import compile_cubin, entry_points
 
-    assert set(entry_points("attention_flash")) == {"flash_attention_bf16", "flash_attention_f16"}
+    assert set(entry_points("attention_flash")) == {"flash_attention_bf16", "flash_attention_f16",
+                                                    "flash_attention_wg_bf16", "flash_attention_wg_f16"}
     assert {"bias_softmax_f32", "bias_softmax_f64", "flash_simt_f32", "flash_simt_f64"} <= set(
         entry_points("attention"))
     for d in (16, 48, 128):  # both branches of flash_config; 48: the uneven tile-copy loop
         assert bytes(compile_cubin("attention_flash", "sm_90", flash_config(d), cache=False).code)
+    # The wgmma kernel (d = 64) for Hopper's arch-specific target: its instructions are in the binary
+    # only there (elsewhere its entry points are empty).
+    wg = {arch: bytes(compile_cubin("attention_flash", arch, flash_config(64), cache=False).code)
+          for arch in ("sm_90a", "sm_90")}
+    assert b"flash_attention_wg_bf16" in wg["sm_90a"] and b"flash_attention_wg_bf16" in wg["sm_90"]
+    assert len(wg["sm_90a"]) > len(wg["sm_90"])
     # A sweep configuration of one 16-row slice per warp, one stage, 128-key tiles.
     one = {"HEAD_DIM": 64, "FA_MT": 1, "FA_WARPS": 8, "FA_STAGES": 1, "FA_BLOCK_N": 128, "FA_MIN_BLOCKS": 1}
     assert bytes(compile_cubin("attention_flash", "sm_80", one, cache=False).code)

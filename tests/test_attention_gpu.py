@@ -205,7 +205,7 @@ def test_fused_float16_lengths_and_head_dims(gpu, L, d):
     [{"FA_BLOCK_N": 16}, {"FA_BLOCK_N": 32}, {"FA_WARPS": 2}, {"FA_WARPS": 8, "FA_MIN_BLOCKS": 1},
      {"FA_STAGES": 1}, {"FA_MIN_BLOCKS": 1}, {"FA_BLOCK_N": 128, "FA_STAGES": 1},
      {"FA_MT": 1}, {"FA_MT": 1, "FA_WARPS": 8, "FA_MIN_BLOCKS": 2}, {"FA_TAU": "0.0f"},
-     {"FA_BIAS_MMA": 0}, {"FA_BIAS_MMA": 0, "FA_MT": 1}],
+     {"FA_BIAS_MMA": 0}, {"FA_BIAS_MMA": 0, "FA_MT": 1}, {"FA_WGMMA": 0}, {"FA_MT": 1, "FA_MIN_BLOCKS": 3}],
 )
 def test_tile_configuration_changes_only_rounding(gpu, datasets, monkeypatch, overrides):
     q, k, v, x, gamma = real_problem(datasets)
@@ -215,6 +215,49 @@ def test_tile_configuration_changes_only_rounding(gpu, datasets, monkeypatch, ov
     monkeypatch.setattr(att, "FLASH_OVERRIDES", overrides)
     got = attention(qd, kd, vd, xd, gamma=gamma, method="fused").get().astype(np.float64)
     assert np.max(np.abs(got - base)) <= 2e-3  # one or two float16 roundings of |out| <~ 2
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", ["plain", "masked", "ragged", "negative scale", "zero gamma", "far"])
+def test_wgmma_kernel_matches_the_mma_sync_kernel(gpu, monkeypatch, dtype, case):
+    """On compute capability 9.0 the d = 64 kernel without a cutoff runs on wgmma (sm_90a): it must be
+    the one chosen there, and agree with the mma.sync kernel (FA_WGMMA = 0) to 16-bit rounding and with
+    the float64 reference, across masks, lengths that leave partial tiles and blocks, batches, the
+    float32-bias fallback (scale < 0) and gamma = 0 (the bias mma skipped)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(len(case))
+    d = 64
+    B, L, H = (2, 333, 4) if case == "ragged" else (3, 512, 8)  # 333: partial key tiles and query blocks
+    q, k, v = (rng.normal(size=(B, L, H, d)).astype(np.float32) for _ in range(3))
+    x = (np.cumsum(rng.normal(size=(B, L, 3)), axis=1) * 2.5).astype(np.float32)
+    gamma = np.resize([0.0, 0.02, 0.1, 0.5], H)
+    scale = None
+    mask = None
+    if case in ("masked", "ragged"):
+        mask = rng.random((B, L)) < 0.8
+        mask[0, : L // 2] = False  # whole query and key blocks of padding
+    if case == "negative scale":
+        scale = -0.05
+    if case == "zero gamma":
+        gamma = np.zeros(H)
+    if case == "far":
+        x = x + np.float32(500.0)
+    dt = getattr(torch, dtype)
+    qt, kt, vt = (torch.from_numpy(a).to("cuda", dt) for a in (q, k, v))
+    xt = torch.from_numpy(x).cuda()
+    mt = None if mask is None else torch.from_numpy(mask).cuda()
+    if gpu.cuda.Device().compute_capability == "90":
+        suffix = "bf16" if dtype == "bfloat16" else "f16"
+        assert att.flash_entry(dtype, att.flash_config(d), -1.0) == (f"flash_attention_wg_{suffix}", True)
+    wg = attention(qt, kt, vt, xt, gamma=gamma, mask=mt, scale=scale, method="fused").double().cpu().numpy()
+    monkeypatch.setattr(att, "FLASH_OVERRIDES", {"FA_WGMMA": 0})
+    mma = attention(qt, kt, vt, xt, gamma=gamma, mask=mt, scale=scale, method="fused").double().cpu().numpy()
+    q64, k64, v64 = (a.double().cpu().numpy() for a in (qt, kt, vt))
+    ref = attention_numpy(q64, k64, v64, x, gamma=gamma, mask=mask, scale=scale)
+    one = 2.0**-8 if dtype == "bfloat16" else 2.0**-11
+    assert np.isfinite(wg).all()
+    assert err(wg, ref) <= 1.25 * err(mma, ref) + one, (err(wg, ref), err(mma, ref))
+    assert err(wg, mma) <= 4 * one
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -495,6 +538,20 @@ def check_attention_for_sanitizer() -> None:
                             mask=cupy.asarray(mask), method="fused")
             ref = attention_numpy(q, k, v, xs, gamma=g, scale=scale, mask=mask)
             assert err(got.get(), ref) < 5e-3, ("attention float32 bias", L, scale)
+    # d = 64 without a cutoff runs on wgmma on compute capability 9.0: several query blocks and key
+    # tiles (L = 300), and the mma.sync kernel it replaces there (FA_WGMMA = 0), both masked.
+    q, k, v = (rng.normal(size=(2, 300, 3, 64)).astype(np.float16) for _ in range(3))
+    x = (np.cumsum(rng.normal(size=(2, 300, 3)), axis=1) * 2).astype(np.float32)
+    mask = rng.random((2, 300)) < 0.8
+    ref = attention_numpy(q, k, v, x, gamma=[0.0, 0.05, 0.2], mask=mask)
+    for overrides in ({}, {"FA_WGMMA": 0}):
+        saved, att.FLASH_OVERRIDES = att.FLASH_OVERRIDES, overrides
+        try:
+            got = attention(*(cupy.asarray(a) for a in (q, k, v)), cupy.asarray(x), gamma=[0.0, 0.05, 0.2],
+                            mask=cupy.asarray(mask), method="fused")
+        finally:
+            att.FLASH_OVERRIDES = saved
+        assert err(got.get(), ref) < 5e-3, ("attention d = 64", overrides)
     print("attention: ok")
 
 

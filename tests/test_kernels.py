@@ -17,6 +17,9 @@ def test_every_kernel_compiles_for_sm80_and_sm90():
     assert names == set(loader.kernel_files())
     assert "distances" in names
     assert all(r["bytes"] > 0 and r["entries"] > 0 for r in records)
+    # attention_flash.cu has wgmma code for Hopper's arch-specific target, and only it is checked there.
+    assert {r["kernel"] for r in records if r["arch"] == "sm_90a"} == {"attention_flash"}
+    assert loader.arch_specific_target("sm_90") == "sm_90a" == loader.arch_specific_target("sm_90a")
 
 
 def test_entry_point_signatures_parse():

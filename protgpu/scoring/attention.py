@@ -20,7 +20,9 @@ float64 inside), and two CUDA paths:
 * ``"fused"``: flash-style, the ``L x L`` matrix is never stored (device memory O(B L H d)). float16 and
   bfloat16 with ``d`` a multiple of 16 (up to 128) run ``kernels/attention_flash.cu`` (tensor cores:
   ``mma.sync`` m16n8k16 with float32 accumulation, K/V tiles through shared memory by ``cp.async``,
-  online softmax, the bias computed from the coordinates in the kernel); float32, float64 and other
+  online softmax, the bias computed from the coordinates in the kernel; on compute capability 9.0
+  (Hopper) with ``d = 64`` and no cutoff, the products run on warpgroup ``wgmma`` instead, compiled
+  for ``sm_90a``); float32, float64 and other
   head dimensions run ``kernels/attention.cu: flash_simt_*`` (the same algorithm on CUDA cores).
   Calls on float16/bfloat16 torch CUDA tensors or CuPy arrays with coordinates (and mask) on the same
   device skip the general input handling: pointers in, one launch on the caller's current stream, no
@@ -405,7 +407,10 @@ def flash_config(d: int) -> dict:
     Returns
     -------
     dict
-        ``HEAD_DIM``, ``FA_BLOCK_N``, ``FA_STAGES``, ``FA_WARPS``, ``FA_MT``, ``FA_MIN_BLOCKS``.
+        ``HEAD_DIM``, ``FA_BLOCK_N``, ``FA_STAGES``, ``FA_WARPS``, ``FA_MT``, ``FA_MIN_BLOCKS``, and
+        ``FA_WGMMA``: 1 when the tile shape is the one the wgmma entry points take (``d = 64``, 64-key
+        tiles, 2 stages, 4 warps) and the overrides do not set it to 0. The wgmma kernel then runs where
+        the device has it (:func:`flash_entry`).
     """
     cfg = None
     for block_n, stages in ((64, 2), (32, 2), (64, 1), (32, 1), (16, 1)):
@@ -420,7 +425,35 @@ def flash_config(d: int) -> dict:
     cfg.update({"FA_WARPS": 4, "FA_MT": 2 if d <= 64 else 1, "FA_MIN_BLOCKS": 2})
     cfg.update(FLASH_OVERRIDES)
     cfg["HEAD_DIM"] = d
+    wg_shape = (d, int(cfg["FA_BLOCK_N"]), int(cfg["FA_STAGES"]), int(cfg["FA_WARPS"])) == (64, 64, 2, 4)
+    cfg["FA_WGMMA"] = int(wg_shape and bool(int(FLASH_OVERRIDES.get("FA_WGMMA", 1))))
     return cfg
+
+
+_WGMMA_DEVICES: dict = {}
+
+
+def _wgmma_device() -> bool:
+    """Whether the current device runs the sm_90a wgmma kernel (compute capability 9.0 exactly: the
+    arch-specific instructions are not in later architectures)."""
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    hit = _WGMMA_DEVICES.get(dev)
+    if hit is None:
+        hit = _WGMMA_DEVICES[dev] = cupy.cuda.Device(dev).compute_capability == "90"
+    return hit
+
+
+def flash_entry(precision: str, cfg: dict, cutoff2: float) -> tuple[str, bool]:
+    """The entry point of ``attention_flash.cu`` for one launch, and whether it is compiled for the
+    device's arch-specific target (``sm_90a``): the wgmma kernel when ``cfg`` allows it
+    (``FA_WGMMA``), there is no cutoff (the cutoff's tile skipping is decided per warp, and a
+    warpgroup's instructions need all four warps) and the device is compute capability 9.0; else the
+    mma.sync kernel."""
+    wg = bool(int(cfg.get("FA_WGMMA", 0))) and cutoff2 < 0 and _wgmma_device()
+    suffix = "bf16" if precision == "bfloat16" else "f16"
+    return (f"flash_attention_wg_{suffix}" if wg else f"flash_attention_{suffix}"), wg
 
 
 def flash_block_m(cfg: dict) -> int:
@@ -503,8 +536,8 @@ def _launch_flash_mma(q, k, v, x, gamma_d, mask_u8, precision, scale, cutoff2, d
 
     B, L, H, d = q.shape
     cfg = defines if defines is not None else flash_config(d)
-    entry = "flash_attention_bf16" if precision == "bfloat16" else "flash_attention_f16"
-    h = _cuda.get_kernel("attention_flash", entry, cfg)
+    entry, arch_specific = flash_entry(precision, cfg, cutoff2)
+    h = _cuda.get_kernel("attention_flash", entry, cfg, arch_specific=arch_specific)
     q, k, v = (_aligned(a, cupy) for a in (q, k, v))
     out = cupy.empty_like(q)
     rows = flash_block_m(cfg)
@@ -749,12 +782,12 @@ def _fast_plan(precision: str, shape: tuple, xshape: tuple, mshape, gamma, cutof
     from .. import _cuda
 
     cfg = flash_config(d)
-    entry = "flash_attention_bf16" if precision == "bfloat16" else "flash_attention_f16"
-    handle = _cuda.get_kernel("attention_flash", entry, cfg)
+    cutoff2 = -1.0 if cutoff_f is None else cutoff_f**2
+    entry, arch_specific = flash_entry(precision, cfg, cutoff2)
+    handle = _cuda.get_kernel("attention_flash", entry, cfg, arch_specific=arch_specific)
     rows = flash_block_m(cfg)
     launch_config = LaunchConfig(grid=((L + rows - 1) // rows, H, B), block=(32 * int(cfg["FA_WARPS"]),),
                                  shmem_size=0)
-    cutoff2 = -1.0 if cutoff_f is None else cutoff_f**2
     tail = (np.int32(L), np.int32(H), np.int32(xstride), np.int32(mstride), np.float32(scale_f), np.float32(cutoff2))
     plan = _Plan(handle.kernel, launch_config, _device_gamma(g, np.float32), tail)
     if len(_PLANS) >= _MAX_PLANS:
