@@ -1438,7 +1438,7 @@ class _PairPlan:
     pair kernels. :meth:`gemm` makes a panel's 3x3 blocks, :meth:`qcp` turns (part of) a panel into
     RMSDs."""
 
-    def __init__(self, x, y, fit, weights, precision, out_dtype):
+    def __init__(self, x, y, fit, weights, precision, out_dtype, check_names=(None, None)):
         prec = np.dtype(precision)
         self.prec, self.odt = prec, np.dtype(out_dtype)
         self.symmetric = y is None
@@ -1447,6 +1447,9 @@ class _PairPlan:
             self.b, self.gb = self.a, self.ga
         else:
             self.b, self.gb = _centre_frames_cuda(y, weights, fit, prec)
+        _check_traces(self.ga, check_names[0])
+        if not self.symmetric:
+            _check_traces(self.gb, check_names[1])
         n = self.a.shape[1]
         self.inv_w = 1.0 / (n if weights is None else float(weights.sum()))
         self.f, self.g = len(self.ga), len(self.gb)
@@ -1481,6 +1484,21 @@ class _PairPlan:
         per_col = 9 * rows * self.prec.itemsize
         k = max(1, int(avail // (per_col * granule)))
         return min(left, k * granule)
+
+
+def _check_traces(g, name: str | None) -> None:
+    """:func:`_check_finite` for the GPU paths, on the device: a frame with a NaN or infinite coordinate
+    among the fitted atoms has a non-finite trace ``g`` (its centred sum of squares), whatever its
+    weights (0 x inf is NaN). Checking the (F,) traces costs one small reduction, where scanning the
+    host coordinates cost ~70 ms for 100,000 x 300 frames, before any GPU could start. ``name`` None:
+    no check (device input: NaN propagates into the results, as documented)."""
+    if name is None:
+        return
+    import cupy as cp
+
+    bad = ~cp.isfinite(g)
+    if bool(bad.any()):
+        raise InputError(f"{name}: NaN or infinite coordinates in frame {int(cp.argmax(bad))}")
 
 
 def _strip_rows(f: int) -> int:
@@ -1562,7 +1580,7 @@ def _panels(plan, t, avail, row_starts=None):
 
 
 def _pairwise_cuda(x, y=None, *, fit=None, weights=None, precision="float64", out=None, condensed=False,
-                   tile: int | None = None, out_dtype=np.float32, host_result: bool = True):
+                   tile: int | None = None, out_dtype=np.float32, host_result: bool = True, check_names=(None, None)):
     """CUDA path of :func:`pairwise_rmsd`: ``centre_frames_*`` stacks the centred frames on the device,
     one cuBLAS GEMM per panel of the stacked (3F, N) coordinates gives every pair's 3x3 block, and
     ``qcp_pairs_*`` (+ ``qcp_refine_*`` for the rare near-repeated roots) turns blocks into RMSDs.
@@ -1576,7 +1594,7 @@ def _pairwise_cuda(x, y=None, *, fit=None, weights=None, precision="float64", ou
     """
     import cupy as cp
 
-    plan = _PairPlan(x, y, fit, weights, precision, out.dtype if out is not None else out_dtype)
+    plan = _PairPlan(x, y, fit, weights, precision, out.dtype if out is not None else out_dtype, check_names)
     f, g, odt, symmetric = plan.f, plan.g, plan.odt, plan.symmetric
     budget = device_budget_bytes()
     shape = (f * (f - 1) // 2,) if condensed else (f, g)
@@ -1737,6 +1755,13 @@ def _stream_condensed(plan, out, budget, row_starts=None, rows=None):
             if direct:
                 cp.asnumpy(dst, stream=copy_stream, out=out[k0:k1], blocking=False)
                 copied[s] = copy_stream.record()
+                if row_starts is not None and copied[k % n_buf] is not None:
+                    # Several devices share the queue of strips: take the next one only once this device
+                    # has its buffer free (the copy of the strip that used it last is done), so that the
+                    # strips go to the devices at the pace they finish them. Unpaced, each host thread
+                    # took strips as fast as it could enqueue them, far ahead of its device and unevenly
+                    # (measured: 87 against 70 strips, one GPU idle for the last 0.25 s of 0.58 s).
+                    copied[k % n_buf].synchronize()
                 continue
             if pending[s] is not None:
                 pending[s].result()
@@ -1859,7 +1884,7 @@ def _device_ids(devices) -> list[int]:
 
 
 def _pairwise_multi_gpu(x, y, *, fit, weights, precision, out, condensed, devices, tile=None,
-                        out_dtype=np.float32):
+                        out_dtype=np.float32, check_names=(None, None)):
     """:func:`_pairwise_cuda`'s streaming path spread over several GPUs: one host thread per device
     takes row tiles from a shared queue (largest first, so the triangle's work evens out), with its own
     copy of the centred frames, its own streams and writer, into the one host destination (tiles are
@@ -1898,7 +1923,7 @@ def _pairwise_multi_gpu(x, y, *, fit, weights, precision, out, condensed, device
 
     def work(dev):
         with cp.cuda.Device(dev):
-            plan = _PairPlan(x, y, fit, weights, precision, odt)
+            plan = _PairPlan(x, y, fit, weights, precision, odt, check_names)
             if strips:
                 _stream_condensed(plan, out, device_budget_bytes(), row_starts(), rows=t)
             else:
@@ -2014,9 +2039,15 @@ def pairwise_rmsd(x, y=None, *, fit=None, weights=None, out=None, precision: str
             raise InputError(f"x and y differ in atom count after selection: {xname} has {nx}, {yname} has {ny}")
     w = _resolve_weights(weights, n_x, fit_x, xname)
 
+    # Per input (x, then y): its name where the GPU path checks it for NaN on the device (host float
+    # input, by the traces of the centred frames: _check_traces), else None.
+    check_names = []
+
     def frames(arr, shape, name, sel):
         host = _host_coords(arr, name)
-        _check_finite(host, name, sel)
+        if not be.on_gpu:
+            _check_finite(host, name, sel)
+        check_names.append(name if be.on_gpu and host is not None and host.dtype.kind == "f" else None)
         a = host if host is not None else arr
         if host is None and be.kind.startswith("torch"):
             a = be.asarray(a)
@@ -2036,6 +2067,7 @@ def pairwise_rmsd(x, y=None, *, fit=None, weights=None, out=None, precision: str
     g = f if y is None else yy.shape[0]
     shape = (f * (f - 1) // 2,) if condensed else (f, g)
     _check_out(out, shape, condensed)
+    check_names = (check_names[0], check_names[1] if y is not None else None)
     if be.on_gpu:
         ids = _device_ids(devices)
         host_result = be.kind == "numpy" or out is not None
@@ -2044,13 +2076,14 @@ def pairwise_rmsd(x, y=None, *, fit=None, weights=None, out=None, precision: str
                 raise InputError(f"devices={devices!r}: several GPUs write into host memory; pass NumPy "
                                  "coordinates or out= (an np.ndarray, np.memmap or Zarr array)")
             res = _pairwise_multi_gpu(to_numpy(xx), None if yy is None else to_numpy(yy), fit=fit_x, weights=w,
-                                      precision=precision, out=out, condensed=condensed, devices=ids)
+                                      precision=precision, out=out, condensed=condensed, devices=ids,
+                                      check_names=check_names)
         else:
             import cupy as cp
 
             with cp.cuda.Device(ids[0]):
                 res = _pairwise_cuda(xx, yy, fit=fit_x, weights=w, precision=precision, out=out,
-                                     condensed=condensed, host_result=host_result)
+                                     condensed=condensed, host_result=host_result, check_names=check_names)
     elif devices is not None:
         raise InputError("devices= is for GPU runs (device='gpu' or 'auto' with a GPU)")
     else:

@@ -1143,6 +1143,9 @@ def _fake_cupy():
         return out
 
     cp.asnumpy = asnumpy
+    cp.isfinite = lambda a: dev(np.isfinite(np.asarray(a)))
+    cp.argmax = lambda a: np.argmax(np.asarray(a))
+
     class Device:  # one fake GPU, ordinal 0
         def __init__(self, i=0):
             assert i == 0
@@ -1350,6 +1353,17 @@ def test_fake_device_nan_host_input_named(fake_device, monkeypatch):
         superpose(x, x[0], device="gpu")
     with pytest.raises(InputError, match="frame 2"):
         pairwise_rmsd(x, device="gpu")
+    # pairwise_rmsd on the GPU checks the traces of the centred frames on the device instead of
+    # scanning the host coordinates: the same error, for either input, infinities too; a NaN outside
+    # the fitted atoms does not matter (as on the CPU).
+    with pytest.raises(InputError, match=r"^y: NaN or infinite coordinates in frame 2$"):
+        pairwise_rmsd(x[[0, 1, 3]], x, device="gpu")
+    z = np.nan_to_num(x)
+    z[3, 0, 0] = -np.inf
+    with pytest.raises(InputError, match="frame 3"):
+        pairwise_rmsd(z, device="gpu", condensed=True, out=np.zeros(6, np.float32))
+    np.testing.assert_allclose(pairwise_rmsd(x, fit=[0, 1, 2, 3], device="gpu"),
+                               pairwise_rmsd(x, fit=[0, 1, 2, 3], device="cpu"), atol=1e-6)
 
 
 def test_fake_device_sanitizer_section(fake_device, capsys):
@@ -1408,6 +1422,48 @@ def test_fake_device_condensed_strips(fake_device, rows):
     cond = np.full(41 * 40 // 2, np.nan, np.float32)
     assert sp._pairwise_cuda(x, out=cond, condensed=True) is cond  # the public streaming path
     np.testing.assert_allclose(cond, twin, atol=2e-5)
+
+
+def test_fake_device_shared_strip_queue_is_paced_by_the_device(fake_device, monkeypatch):
+    """With several devices sharing the strip queue (row_starts) and a page-locked destination, a
+    device takes its next strip only after the copy of the strip that last used the buffer it needs is
+    done (its event synchronised): strips go to the devices at their pace, not the host's."""
+    import cupy as cp
+
+    rng = np.random.default_rng(21)
+    x = (rng.normal(size=(61, 7, 3)) * 4).astype(np.float32)
+    plan = sp._PairPlan(x, None, None, None, "float64", np.float32)
+    pinned = np.full(61 * 60 // 2, np.nan, np.float32)
+    locked = {pinned.ctypes.data, pinned.ctypes.data + pinned.nbytes - 1}
+    monkeypatch.setattr(cp.cuda.runtime, "pointerGetAttributes",
+                        lambda ptr: types.SimpleNamespace(type=1 if ptr in locked else 0), raising=False)
+    log = []
+
+    class Event:
+        def __init__(self):
+            self.k = sum(1 for e in log if e[0] == "take")  # the strip whose copy it marks
+
+        def synchronize(self):
+            log.append(("sync", self.k))
+
+    monkeypatch.setattr(cp.cuda.Stream, "record", lambda self: Event())
+
+    def starts():
+        for i0 in range(0, 61, 4):
+            log.append(("take", i0))
+            yield i0
+
+    sp._stream_condensed(plan, pinned, 64 << 20, row_starts=starts(), rows=4)
+    np.testing.assert_allclose(pinned, sp._pairwise_numpy(x)[np.triu_indices(61, 1)], atol=2e-5)
+    n_buf = sp._stream_writers() + 1
+    takes = [i for i, e in enumerate(log) if e[0] == "take"]
+    assert len(takes) == 16
+    for j, t in enumerate(takes[n_buf:], start=n_buf):  # strip j waits for strip j - n_buf's copy
+        assert ("sync", j - n_buf + 1) in log[:t], (j, log[:t])
+    # One device alone (no row_starts) is not paced: the host enqueues as far ahead as the buffers let it.
+    log.clear()
+    sp._stream_condensed(plan, pinned, 64 << 20, rows=4)
+    assert not any(e[0] == "sync" for e in log)
 
 
 def test_fake_device_condensed_into_page_locked_memory(fake_device, monkeypatch):

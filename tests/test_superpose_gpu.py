@@ -311,6 +311,29 @@ def test_pairwise_condensed_into_page_locked_memory(gpu):
     assert np.array_equal(pinned, spread)
 
 
+def test_pairwise_nan_frames_named_on_every_gpu_path(gpu):
+    """Host input with a non-finite coordinate: the GPU paths find it in the traces of the centred
+    frames (no host scan) and name the frame, resident, streamed, page-locked and over all GPUs; a NaN
+    outside the fitted atoms does not matter."""
+    import cupyx
+
+    rng = np.random.default_rng(23)
+    x = (rng.normal(size=(200, 12, 3)) * 5).astype(np.float32)
+    x[137, 4, 2] = np.nan
+    n = 200 * 199 // 2
+    with pytest.raises(InputError, match=r"^x: NaN or infinite coordinates in frame 137$"):
+        pairwise_rmsd(x, device="gpu")
+    with pytest.raises(InputError, match="frame 137"):
+        pairwise_rmsd(x, device="gpu", condensed=True, out=np.zeros(n, np.float32))
+    with pytest.raises(InputError, match="frame 137"):
+        pairwise_rmsd(x, device="gpu", condensed=True, out=cupyx.empty_pinned(n, dtype=np.float32), devices="all")
+    with pytest.raises(InputError, match=r"^y: NaN or infinite coordinates in frame 137$"):
+        pairwise_rmsd(x[:5] * 0 + 1, x, device="gpu")
+    fit = np.array([0, 1, 2, 3, 5, 6])
+    got = pairwise_rmsd(x, fit=fit, device="gpu", condensed=True, out=np.zeros(n, np.float32), devices="all")
+    np.testing.assert_allclose(got, pairwise_rmsd(x[:, fit], device="cpu", condensed=True), atol=2e-5)
+
+
 def check_superpose_for_sanitizer() -> None:
     """Every qcp.cu entry point on odd sizes (for compute-sanitizer via tests/sanitize_kernels.py),
     each result checked against the NumPy twin: frame_moments_* / qcp_frames / frame_direct_* (a
