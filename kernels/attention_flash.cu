@@ -1,7 +1,9 @@
 // attention_flash.cu: fused, flash-style distance-biased attention on tensor cores (float16 / bfloat16
 // inputs, float32 accumulation). The L x L logit matrix is never stored: each warp keeps FA_MT slices
 // of 16 query rows in registers, K and V tiles stream through shared memory (cp.async, double-buffered),
-// S = Q K^T and O += P V run on mma.sync m16n8k16, and the softmax is computed online.
+// S = Q K^T and O += P V run on mma.sync m16n8k16, and the softmax is computed online. On compute
+// capability 9.0 (d = 64, no cutoff) the flash_attention_wg_* entry points run the same body with the
+// two products on warpgroup wgmma instead (sm_90a; see "Hopper warpgroup MMA" below).
 //
 // Logit of query i and key j in head h (log2 units, so that exp2 is the exponential):
 //   log2(e) * (scale * q_i . k_j - gamma_h |x_i - x_j|^2), -inf for masked keys or |x_i - x_j| > cutoff.

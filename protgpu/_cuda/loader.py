@@ -232,7 +232,7 @@ def check_all(archs=("sm_80", "sm_90")) -> list[dict]:
     records = []
     for name in kernel_files():
         entries = entry_points(name)
-        extra = ("sm_90a",) if "__CUDA_ARCH_FEAT_SM90_ALL" in read_source(name) else ()
+        extra = ("sm_90a",) if "__CUDA_ARCH_FEAT_SM90_ALL" in build_source(name) else ()  # headers too
         for arch in (*archs, *extra):
             t0 = time.perf_counter()
             obj = compile_cubin(name, arch, cache=False)
