@@ -27,6 +27,7 @@
 
 #define TM_FULL_MASK 0xffffffffu
 #define TM_MAX_ITER 20
+#define TM_MAX_WIDEN (1 << 24)
 
 __device__ __forceinline__ double tm_warp_sum(double v) {
 #pragma unroll
@@ -134,7 +135,7 @@ __device__ int tm_evaluate(const T* __restrict__ xs, const T* __restrict__ ys, i
     for (int i = 0; i < 3; ++i) t[i] = (C)td[i];
     const C cut2 = (C)(dcut * dcut);
     const C inv_d0sq = (C)(1.0 / d0sq);
-    int ncut = 0;
+    int ncut = 0, nfinite = 0;
     int g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0;
     double sc = 0.0, ms = 0.0;
     for (int k = 0; k < nwords; ++k) {
@@ -144,6 +145,7 @@ __device__ int tm_evaluate(const T* __restrict__ xs, const T* __restrict__ ys, i
         const unsigned wd = __ballot_sync(TM_FULL_MASK, valid && d2 < cut2);
         if (lane == 0) words[k] = wd;
         ncut += __popc(wd);
+        nfinite += __popc(__ballot_sync(TM_FULL_MASK, valid && isfinite(d2)));
         if (want_score && valid) sc += (double)((C)1 / ((C)1 + d2 * inv_d0sq));
         if (want_gdt) {
             // the TMscore program's strict cutoffs on squared distances: 0.5, 1, 2, 4, 8 Angstrom
@@ -155,8 +157,10 @@ __device__ int tm_evaluate(const T* __restrict__ xs, const T* __restrict__ ys, i
             if (valid && d2 < (C)12.25) ms += (double)((C)1 / ((C)1 + d2 / (C)12.25));
         }
     }
+    // The widening stops once every finite distance passes (NaN ones never do) and after TM_MAX_WIDEN
+    // steps (7e6 A: beyond any coordinates the front door lets through), so bad device input cannot hang.
     int inc = 0;
-    while (ncut < 3 && n > 3) {
+    while (ncut < 3 && ncut < nfinite && n > 3 && inc < TM_MAX_WIDEN) {
         ++inc;
         const double dd = dcut + inc * 0.5;
         const C c2 = (C)(dd * dd);

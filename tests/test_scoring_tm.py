@@ -339,3 +339,46 @@ def test_rmsd_column_of_an_empty_alignment_is_nan():
     # shared reference row (one y for every model), as the score engine passes it
     shared = tm_mod._common_rmsd(x, y[:1], n_ali, np)
     assert np.isnan(shared[1]) and np.isfinite(shared[[0, 2]]).all()
+
+
+def _widening_loop(d2, dcut, n):
+    """The TMscore program's cutoff widening, step by step (the specification of ``_select``)."""
+    sel = d2 < dcut * dcut
+    if n <= 3:
+        return sel
+    inc = np.zeros(len(d2))
+    need = sel.sum(axis=1) < 3
+    while need.any():
+        inc[need] += 1
+        dd = dcut + inc[need] * 0.5
+        sel[need] = d2[need] < (dd * dd)[:, None]
+        need = sel.sum(axis=1) < 3
+    return sel
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 10**6), m=st.integers(1, 5), n=st.integers(4, 40), scale=st.sampled_from([1, 10, 1000]),
+       grid=st.booleans(), dcut=st.sampled_from([0.5, 1.0, 2.3, 4.0, 5.5]))
+def test_one_step_widening_equals_the_loop(seed, m, n, scale, grid, dcut):
+    from protgpu.scoring.tmscore import _select
+
+    d = np.random.default_rng(seed).random((m, n)) * scale
+    if grid:  # distances on the 0.5 A grid: ties with the widened cutoffs
+        d = np.round(d * 2) / 2
+    d2 = d * d
+    np.testing.assert_array_equal(_select(d2.copy(), dcut, n), _widening_loop(d2, dcut, n))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 1e30])
+@pytest.mark.parametrize("fn", ["tm_score", "gdt", "lddt"])
+def test_scores_reject_bad_coordinates(fn, bad):
+    import protgpu as pg
+
+    y = np.random.default_rng(0).normal(size=(10, 3)) * 10
+    x = y.copy()
+    x[3, 1] = bad
+    msg = r"model: (NaN or infinite coordinates|coordinates beyond ±1e\+06 Angstrom) in frame 0 \(atom 3\)"
+    with pytest.raises(InputError, match=msg):
+        getattr(pg, fn)(x, y, device="cpu") if fn != "lddt" else pg.lddt(x, y)
+    with pytest.raises(InputError, match=r"reference: .*frame 0 \(atom 3\)"):
+        getattr(pg, fn)(y, x, device="cpu") if fn != "lddt" else pg.lddt(y, x)

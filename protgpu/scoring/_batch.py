@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._inputs import as_structure, check_finite, host_view, is_array, source_name
 from ..errors import InputError
 from ..structure import Structure
 from . import _mapping as mp
@@ -56,12 +57,14 @@ def _array_group(a, name: str) -> ModelGroup:
         shape = tuple(a.shape)
     if len(shape) != 3 or shape[2] != 3:
         raise InputError(f"{name}: coordinates must have shape (atoms, 3) or (models, atoms, 3), got {shape}")
+    check_finite(host_view(a, name), name)
     names = [name] if shape[0] == 1 else [f"{name}[{i}]" for i in range(shape[0])]
     return ModelGroup(coords=a, topology=None, names=names)
 
 
 def _structure_group(s: Structure, fallback: str) -> ModelGroup:
-    name = mp.source_name(s, fallback)
+    name = source_name(s, fallback)
+    check_finite(host_view(s.coords, name), name)
     names = [name] if s.n_frames == 1 else [f"{name}[{i}]" for i in range(s.n_frames)]
     return ModelGroup(coords=s.coords, topology=s, names=names)
 
@@ -74,7 +77,7 @@ def collect_models(models, reference_topology: Structure | None) -> tuple[list[M
     def one(item, fallback):
         if isinstance(item, PreparedModel):
             return ModelGroup(coords=item.ca, topology=None, names=list(item.names), prepared=item)
-        if mp.is_array(item):
+        if is_array(item):
             g = _array_group(item, fallback)
             if reference_topology is not None:
                 if g.coords.shape[1] != reference_topology.n_atoms:
@@ -84,7 +87,7 @@ def collect_models(models, reference_topology: Structure | None) -> tuple[list[M
                     )
                 g.topology = reference_topology
             return g
-        return _structure_group(mp.as_structure(item, fallback), fallback)
+        return _structure_group(as_structure(item, fallback), fallback)
 
     if isinstance(models, (list, tuple)):
         if not models:
@@ -97,17 +100,19 @@ def collect_models(models, reference_topology: Structure | None) -> tuple[list[M
 
 def reference_of(reference) -> tuple[Structure | None, object]:
     """The reference as (Structure, None) or, for a bare array, (None, array of shape (N, 3))."""
-    if mp.is_array(reference):
+    if is_array(reference):
         shape = tuple(reference.shape)
         if len(shape) == 3 and shape[0] == 1:
             reference = reference[0]
             shape = shape[1:]
         if len(shape) != 2 or shape[1] != 3:
             raise InputError(f"reference: coordinates must have shape (atoms, 3), got {shape}")
+        check_finite(host_view(reference, "reference"), "reference")
         return None, reference
-    s = mp.as_structure(reference, "reference")
+    s = as_structure(reference, "reference")
     if s.n_frames != 1:
-        raise InputError(f"{mp.source_name(s, 'reference')}: the reference must have one frame, has {s.n_frames}")
+        raise InputError(f"{source_name(s, 'reference')}: the reference must have one frame, has {s.n_frames}")
+    check_finite(s.coords, source_name(s, "reference"))
     return s, None
 
 
@@ -201,7 +206,7 @@ def _tm_batch(models, reference, mapping, be, dtype) -> tuple[TMBatch, bool]:
         c = be.asarray(groups[0].coords, dtype)
         x = xp.ascontiguousarray(c[:, xp.asarray(matches[0].model_atoms)])
     else:
-        host = all(not mp.is_array(g.coords) or isinstance(g.coords, np.ndarray) for g in groups)
+        host = all(not is_array(g.coords) or isinstance(g.coords, np.ndarray) for g in groups)
         x = host_buffer((m_total, lmax, 3), dtype, 0, be, "tm_x") if host else xp.zeros((m_total, lmax, 3), dtype)
         row = 0
         for g, cm in zip(groups, matches, strict=True):
@@ -240,7 +245,7 @@ def reference_ca_atoms(ref_s: Structure, ref_info) -> np.ndarray:
     ref_ca_atoms = ref_info.ca_atom[mp.reference_ca(ref_info)]
     n_ref = len(ref_ca_atoms)
     if n_ref < 3:
-        raise InputError(f"{mp.source_name(ref_s, 'reference')}: the reference has {n_ref} residues with a CA atom; "
+        raise InputError(f"{source_name(ref_s, 'reference')}: the reference has {n_ref} residues with a CA atom; "
                          "TM-score needs at least 3")
     return ref_ca_atoms
 
@@ -251,7 +256,7 @@ def checked_ca_match(info, ref_info, mapping, name: str, ref_s: Structure) -> mp
     cm = mp.match_ca(info, ref_info, mapping, name)
     if len(cm.ref_pos) == 0:
         raise InputError(f"{name}: no residue in common with the reference "
-                         f"({mp.source_name(ref_s, 'reference')}; mapping={_mapping_name(mapping)})")
+                         f"({source_name(ref_s, 'reference')}; mapping={_mapping_name(mapping)})")
     if len(cm.ref_pos) < 3:
         raise InputError(f"{name}: only {len(cm.ref_pos)} residue(s) with a CA in common with the "
                          "reference; TM-score needs at least 3")
@@ -390,7 +395,7 @@ def checked_atom_match(info, ref_info, ref_atoms: np.ndarray, mapping, name: str
     matoms, slots, _ = mp.match_atoms(info, ref_info, ref_atoms, mapping, name, atoms_key)
     if len(slots) == 0:
         raise InputError(f"{name}: no residue in common with the reference "
-                         f"({mp.source_name(ref_s, 'reference')}; mapping={_mapping_name(mapping)})")
+                         f"({source_name(ref_s, 'reference')}; mapping={_mapping_name(mapping)})")
     return matoms, slots
 
 
@@ -521,7 +526,7 @@ def prepare_model(model, reference, *, mapping: str = "resnum", tm: bool = True,
     ref = reference if isinstance(reference, PreparedReference) else PreparedReference(reference)
     if mapping not in ("resnum", "sequence"):
         raise InputError(f"mapping must be 'resnum' or 'sequence' to prepare models, not {mapping!r}")
-    s = mp.as_structure(model, "model")
+    s = as_structure(model, "model")
     g = _structure_group(s, "model")
     name = g.names[0]
     info = mp.residue_info(s)
@@ -535,7 +540,7 @@ def prepare_model(model, reference, *, mapping: str = "resnum", tm: bool = True,
     if lddt_atoms is not None:
         ref_atoms, atoms_key = ref.scored_atoms(lddt_atoms)
         if ref_atoms.size == 0:
-            raise InputError(f"{mp.source_name(ref.structure, 'reference')}: no atoms to score with "
+            raise InputError(f"{source_name(ref.structure, 'reference')}: no atoms to score with "
                              f"atoms={lddt_atoms!r}")
         matoms, slots = checked_atom_match(info, ref.info, ref_atoms, mapping, name, ref.structure, atoms_key)
         pm.atoms, pm.atoms_key = _laid_out(s.coords, matoms, slots, len(ref_atoms)), atoms_key

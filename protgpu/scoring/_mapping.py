@@ -27,14 +27,12 @@ process. A model whose table differs in any of those arrays gets its own entry.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
-from .._array import is_cupy_array, is_torch_tensor
 from ..errors import InputError
 from ..structure import AMINO_ACIDS, WATER_RESNAMES, Structure
 
@@ -59,31 +57,6 @@ SYMMETRIC_ATOMS = {
     "PHE": (("CD1", "CD2"), ("CE1", "CE2")),
     "TYR": (("CD1", "CD2"), ("CE1", "CE2")),
 }
-
-
-# --------------------------------------------------------------------------------------------------
-# Inputs
-
-
-def is_array(x) -> bool:
-    """True for NumPy/CuPy arrays and torch tensors (coordinates given without a topology)."""
-    return isinstance(x, np.ndarray) or is_cupy_array(x) or is_torch_tensor(x)
-
-
-def as_structure(x, what: str) -> Structure:
-    """Load a path or pass a Structure through; anything else is an error naming ``what``."""
-    if isinstance(x, Structure):
-        return x
-    if isinstance(x, (str, os.PathLike)):
-        from ..io import load
-
-        return load(x)
-    raise InputError(f"{what}: expected a Structure, a file path or a coordinate array, got {type(x).__name__}")
-
-
-def source_name(s: Structure, fallback: str) -> str:
-    """A short name for messages and result rows: the file name, else ``fallback``."""
-    return os.path.basename(str(s.source)) if s.source else fallback
 
 
 # --------------------------------------------------------------------------------------------------

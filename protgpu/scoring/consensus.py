@@ -43,7 +43,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._array import dispatch, is_cupy_array, is_torch_tensor, to_numpy
+from .._array import dispatch, is_torch_tensor
+from .._inputs import as_array, as_structure, check_finite, has_topology, host_view, is_structure
 from .._memory import check_host_fits, device_budget_bytes, format_bytes, rows_per_chunk
 from ..errors import InputError, MemoryBudgetError
 from .tmscore import d0_tmscore
@@ -84,10 +85,6 @@ class ConsensusResult(NamedTuple):
 # Inputs
 
 
-def _is_structure(x) -> bool:
-    return hasattr(x, "coords") and hasattr(x, "select_indices") and hasattr(x, "atoms")
-
-
 def _name(s, k: int) -> str:
     return os.path.basename(str(s.source)) if getattr(s, "source", None) else f"model {k}"
 
@@ -112,31 +109,35 @@ def _ca_coords(s, k: int) -> np.ndarray:
 
 def _model_coords(models):
     """``(coords, names)``: the models as one (M, N, 3) array (NumPy for Structures and lists; CuPy or
-    torch arrays as given) and their names (``None`` for arrays)."""
-    if _is_structure(models):
-        return _ca_coords(models, 0), _frame_names([models])
+    torch arrays as given) and their names (``None`` for arrays). Anything with atom tables (a
+    Structure, path, mdtraj or Bio.PDB object) contributes its CA atoms, one model per frame."""
+    if has_topology(models) and not isinstance(models, (list, tuple)):
+        s = as_structure(models, "models")
+        return _ca_coords(s, 0), _frame_names([s])
     if isinstance(models, (list, tuple)):
         if not models:
             raise InputError("models: empty list")
-        is_s = [_is_structure(m) for m in models]
+        is_s = [has_topology(m) for m in models]
         if all(is_s):
-            cas = [_ca_coords(s, k) for k, s in enumerate(models)]
+            structures = [as_structure(m, f"model_{k}") for k, m in enumerate(models)]
+            cas = [_ca_coords(s, k) for k, s in enumerate(structures)]
             n0 = cas[0].shape[1]
             for k, c in enumerate(cas):
                 if c.shape[1] != n0:
                     raise InputError(
-                        f"models differ in CA atom count: {_name(models[0], 0)} has {n0}, {_name(models[k], k)} "
-                        f"has {c.shape[1]}; consensus_score needs the same atoms in every model "
-                        "(select a common set, e.g. select='chain A and resid 10-200')")
-            return np.concatenate(cas), _frame_names(models)
+                        f"models differ in CA atom count: {_name(structures[0], 0)} has {n0}, "
+                        f"{_name(structures[k], k)} has {c.shape[1]}; consensus_score needs the same atoms in "
+                        "every model (select a common set, e.g. select='chain A and resid 10-200')")
+            return np.concatenate(cas), _frame_names(structures)
         if any(is_s):
-            raise InputError("models: a list must hold only Structures or only coordinate arrays")
-        arrs = [np.asarray(to_numpy(m)) for m in models]
+            raise InputError("models: a list must hold only Structures (or paths, mdtraj or Bio.PDB objects) "
+                             "or only coordinate arrays")
+        arrs = [host_view(m, f"model_{k}") for k, m in enumerate(models)]
         shapes = {a.shape for a in arrs}
         if len(shapes) != 1:
             raise InputError(f"models: the arrays in the list have different shapes {sorted(shapes)}")
         return np.stack(arrs), None
-    return models, None
+    return as_array(models, "models"), None
 
 
 def _check_coords(x) -> tuple[int, int]:
@@ -150,14 +151,7 @@ def _check_coords(x) -> tuple[int, int]:
         raise InputError("models: no atoms")
     if m < 2:
         raise InputError(f"models: a consensus needs at least 2 models, got {m}")
-    if not (is_cupy_array(x) or (is_torch_tensor(x) and x.is_cuda)):
-        a = np.asarray(to_numpy(x))
-        if a.dtype.kind not in "fiu":
-            raise InputError(f"models: coordinates must be numeric, got dtype {a.dtype}")
-        if a.dtype.kind == "f":
-            bad = ~np.isfinite(a).all(axis=(1, 2))
-            if bad.any():
-                raise InputError(f"models: NaN or infinite coordinates in model {int(np.argmax(bad))}")
+    check_finite(host_view(x, "models"), "models")
     return m, n
 
 
@@ -596,11 +590,11 @@ def consensus_ranking_table(models, *, temperature: float = DEFAULT_TEMPERATURE,
     """
     from ..io import load
 
-    if isinstance(models, (str, os.PathLike)) or _is_structure(models):
+    if isinstance(models, (str, os.PathLike)) or is_structure(models):
         models = [models]
     structs = []
     for item in models:
-        s = item if _is_structure(item) else load(item, top=top)
+        s = item if is_structure(item) else load(item, top=top)
         structs.append(s.select(select) if select else s)
     if not structs:
         raise InputError("no models given")

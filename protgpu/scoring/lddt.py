@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._array import dispatch, to_numpy
+from .._inputs import source_name
 from ..errors import InputError
 from ..structure import Structure
 from . import _batch
@@ -171,7 +172,7 @@ def _structure_reference(ref_s: Structure, atoms: str, inclusion_radius: float):
     info = mp.residue_info(ref_s)
     ref_atoms = mp.lddt_reference_atoms(info, ref_s, atoms)
     if ref_atoms.size == 0:
-        raise InputError(f"{mp.source_name(ref_s, 'reference')}: no atoms to score with atoms={atoms!r}")
+        raise InputError(f"{source_name(ref_s, 'reference')}: no atoms to score with atoms={atoms!r}")
     poly = np.flatnonzero(info.polymer)
     pos = np.full(len(info.resid), -1, dtype=np.int64)
     pos[poly] = np.arange(len(poly))

@@ -148,17 +148,33 @@ def seed_fragments(n: int) -> np.ndarray:
 
 
 def _select(d2: np.ndarray, dcut: float, n: int) -> np.ndarray:
-    """Pairs with d < dcut, relaxed by 0.5 A per task while fewer than 3 pass (and n > 3)."""
+    """Pairs with d < dcut, relaxed by 0.5 A per task while fewer than 3 pass (and n > 3).
+
+    The relaxation is computed in one step per task rather than by the TMscore program's loop (which
+    would take ~10^6 steps for distances of 10^6 A, and never end with NaN): the smallest ``inc`` with
+    ``d2 < (dcut + 0.5 inc)^2`` for three pairs, found from the third smallest distance. A task with
+    fewer than three finite distances takes all its finite pairs (where the loop's widening tends).
+    """
     sel = d2 < dcut * dcut
     if n <= 3:
         return sel
-    inc = np.zeros(len(d2))
-    need = sel.sum(axis=1) < 3
-    while need.any():
-        inc[need] += 1
-        dd = dcut + inc[need] * 0.5
-        sel[need] = d2[need] < (dd * dd)[:, None]
-        need = sel.sum(axis=1) < 3
+    need = np.flatnonzero(sel.sum(axis=1) < 3)
+    if need.size == 0:
+        return sel
+    third = np.partition(d2[need], 2, axis=1)[:, 2]  # NaN sorts last
+    ok = np.isfinite(third)
+    few = need[~ok]
+    sel[few] = np.isfinite(d2[few])
+    rows, third = need[ok], third[ok]
+    inc = np.maximum(np.floor((np.sqrt(third) - dcut) / 0.5), 0.0) + 1.0
+    # Settle the rounding of the closed form against the loop's own test, d2 < dd * dd.
+    for _ in range(4):
+        low = (dcut + inc * 0.5) ** 2 <= third
+        inc[low] += 1.0
+        high = (inc > 1.0) & ((dcut + (inc - 1.0) * 0.5) ** 2 > third)
+        inc[high] -= 1.0
+    dd = dcut + inc * 0.5
+    sel[rows] = d2[rows] < (dd * dd)[:, None]
     return sel
 
 
