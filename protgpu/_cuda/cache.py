@@ -6,13 +6,21 @@ This cache frames each entry with a magic tag and the SHA-256 of the payload, so
 as a miss (and is deleted), and ``Program.compile(..., cache=...)`` simply compiles it again.
 Writes go to a temporary file in the same folder and are ``os.replace``-d into place, so concurrent
 processes never see half an entry.
+
+The checksum guards against damage, not against an attacker who can write the folder: a cubin
+planted there would run in every protgpu process. So the folder is created private (0700), and a
+folder owned by another user or writable by group or others is refused (as ssh and pip refuse such
+folders): protgpu then says so once and compiles without a disk cache.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
+import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 from cuda.core.utils import ProgramCacheResource
@@ -28,6 +36,41 @@ def default_cache_dir() -> Path:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "protgpu" / "kernels"
+
+
+def unsafe_folder_reason(path: Path, *, create: bool = False) -> str | None:
+    """Why ``path`` is not a safe place for code that protgpu will run, or None when it is.
+
+    Parameters
+    ----------
+    path : Path
+        The folder (a symbolic link is judged by its target).
+    create : bool
+        Create it (mode 0700, parents as the umask says) when missing.
+
+    Returns
+    -------
+    str or None
+        For example ``"it is writable by other users (mode 0777)"``.
+    """
+    if create:
+        try:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"it cannot be created ({exc.strerror or exc})"
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror or exc})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a folder"
+    if sys.platform == "win32":  # no POSIX owner and mode bits to judge
+        return None
+    if st.st_uid != os.getuid():
+        return f"it is owned by another user (uid {st.st_uid})"
+    if st.st_mode & 0o022:
+        return f"it is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
 
 
 def _key_bytes(key: bytes | str) -> bytes:
@@ -52,13 +95,19 @@ class ChecksummedProgramCache(ProgramCacheResource):
 
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = Path(path) if path is not None else default_cache_dir()
-        self.path.mkdir(parents=True, exist_ok=True)
         self.corrupt_entries_dropped = 0
+        self.refused = unsafe_folder_reason(self.path, create=True)
+        if self.refused:
+            warnings.warn(f"protgpu: not using the kernel cache {self.path}: {self.refused}; kernels are compiled "
+                          "in every process (fix the folder's owner or mode, or set PROTGPU_CACHE_DIR)",
+                          RuntimeWarning, stacklevel=2)
 
     def _file(self, key: bytes | str) -> Path:
         return self.path / (hashlib.sha256(_key_bytes(key)).hexdigest() + ".cubin")
 
     def __getitem__(self, key: bytes | str) -> bytes:
+        if self.refused:
+            raise KeyError(key)
         f = self._file(key)
         try:
             blob = f.read_bytes()
@@ -80,6 +129,8 @@ class ChecksummedProgramCache(ProgramCacheResource):
         payload = _payload_bytes(value)
         if not payload:
             raise ValueError("refusing to cache an empty kernel binary")
+        if self.refused:
+            return
         blob = _MAGIC + hashlib.sha256(payload).digest() + payload
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-", suffix=".cubin")
         try:
@@ -97,6 +148,8 @@ class ChecksummedProgramCache(ProgramCacheResource):
             raise KeyError(key) from None
 
     def __len__(self) -> int:
+        if self.refused:
+            return 0
         return sum(1 for _ in self.path.glob("*.cubin"))
 
     def clear(self) -> None:
