@@ -4,6 +4,7 @@ objects, lists, the extension table, and bad inputs."""
 from __future__ import annotations
 
 import gzip
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -273,3 +274,42 @@ def test_import_is_light():
 
 def test_load_returns_structure_type():
     assert isinstance(load(ADK), Structure)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The one extension table: load and the CLI's directory expansion read the same suffixes
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_load_dispatches_every_readable_suffix(tmp_path):
+    from protgpu.io.formats import is_structure_path, readable_suffixes
+
+    for suffix in readable_suffixes() + tuple(s.upper() for s in readable_suffixes()):
+        p = tmp_path / f"x{suffix}"
+        p.write_bytes(b"")
+        assert is_structure_path(p)
+        with pytest.raises(InputError, match="file is empty"):  # known: the file is opened, not refused
+            load(p)
+    (tmp_path / "x.txt").write_text("x")
+    with pytest.raises(InputError, match="unknown file extension") as err:
+        load(tmp_path / "x.txt")
+    assert str(err.value).endswith("supported: " + ", ".join(readable_suffixes()))
+    assert not is_structure_path("x.txt") and not is_structure_path("x.xtc.gz")
+
+
+def test_directory_expansion_uses_the_extension_table(tmp_path):
+    from protgpu.commands._inputs import expand_inputs
+
+    ref = load(ADK)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    # a .gro (a self-contained mdtraj format) and a .pdb.gz are inputs; a .txt is not
+    _mdtraj(ADK).save_gro(str(folder / "a.gro"))
+    (folder / "b.pdb.gz").write_bytes(gzip.compress(ADK.read_bytes()))
+    (folder / "notes.txt").write_text("not a structure")
+    found = expand_inputs([str(folder)])
+    assert [Path(p).name for p in found] == ["a.gro", "b.pdb.gz"]
+    gro = load(found[0])
+    assert gro.n_atoms == ref.n_atoms
+    np.testing.assert_allclose(gro.coords, ref.coords, atol=0.01)  # .gro keeps 0.001 nm
+    np.testing.assert_array_equal(load(found[1]).coords, ref.coords)
