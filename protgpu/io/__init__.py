@@ -1,4 +1,4 @@
-"""Reading structures and trajectories into :class:`~protgpu.structure.Structure`, and writing outputs
+"""Reading structures and trajectories into :class:`~protgpu.structure.core.Structure`, and writing outputs
 atomically.
 
 :func:`load` (``protgpu.load``) reads PDB with protgpu's own fast reader, mmCIF through gemmi,

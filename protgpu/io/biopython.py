@@ -1,4 +1,4 @@
-"""Biopython ``Structure`` / ``Model`` / ``Chain`` objects to a :class:`~protgpu.structure.Structure`
+"""Biopython ``Structure`` / ``Model`` / ``Chain`` objects to a :class:`~protgpu.structure.core.Structure`
 (Angstrom; each Bio model a frame). Internal API: :func:`from_biopython`.
 """
 

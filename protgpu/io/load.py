@@ -1,5 +1,5 @@
 """The load dispatch: :func:`load` turns a path, a Structure, an mdtraj or Biopython object, an array
-or a list of them into a :class:`~protgpu.structure.Structure`; path handling and file reading.
+or a list of them into a :class:`~protgpu.structure.core.Structure`; path handling and file reading.
 
 Internal API (tests): :func:`read_bytes`, :func:`path_name`, :func:`check_file`, :func:`module_of`.
 """

@@ -1,4 +1,4 @@
-"""The fast PDB reader: PDB text (bytes) to a :class:`~protgpu.structure.Structure`.
+"""The fast PDB reader: PDB text (bytes) to a :class:`~protgpu.structure.core.Structure`.
 
 A vectorised fixed-column reader of the ATOM/HETATM/MODEL/ENDMDL records; the byte-level helpers
 live in :mod:`protgpu.io._pdbscan`. ``docs/design/io.md`` explains the design and its measurements.

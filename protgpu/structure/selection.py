@@ -1,6 +1,6 @@
 """The selection grammar: a selection string, index array or mask to a boolean atom mask.
 
-Selections are strings in a small grammar (see :meth:`protgpu.structure.Structure.select`) evaluated
+Selections are strings in a small grammar (see :meth:`protgpu.structure.core.Structure.select`) evaluated
 as vectorised NumPy boolean masks, so selecting from 100k atoms costs a few array operations and no
 per-atom Python loop. Internal API: ``select_mask(atoms, selection, source)``.
 """

@@ -1,4 +1,4 @@
-"""The per-atom and per-residue tables of a :class:`~protgpu.structure.Structure`.
+"""The per-atom and per-residue tables of a :class:`~protgpu.structure.core.Structure`.
 
 :class:`AtomTable` holds one entry per atom in file order; :class:`ResidueTable` one per residue.
 ``residue_table(atoms)`` (internal) builds the latter from the former.
