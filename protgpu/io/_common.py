@@ -53,6 +53,7 @@ def split_models(model_id: np.ndarray, model_numbers: list[int], model, name: st
 
 
 def check_models(counts: np.ndarray, model_numbers: list[int], name: str) -> None:
+    """Raise when the models' atom counts ``counts`` (shape (M,)) differ, naming the first odd model."""
     bad = np.flatnonzero(counts != counts[0])
     if bad.size:
         k = int(bad[0])
@@ -77,5 +78,6 @@ def check_model_atoms(keys: np.ndarray, n_models: int, model_numbers: list[int],
 
 
 def one_line(exc: BaseException) -> str:
+    """The first line of an exception's text (its type name when empty), for one-line error messages."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

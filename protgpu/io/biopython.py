@@ -11,6 +11,7 @@ from ..structure import AtomTable, Structure, guess_elements
 
 
 def from_biopython(obj) -> Structure:
+    """A Structure from a Bio.PDB Structure (each model a frame), Model or Chain; Angstrom as given."""
     level = getattr(obj, "level", None)
     if level == "S":
         models = list(obj)

@@ -124,6 +124,8 @@ def load(source, *, top=None, frames=None, altloc: str = "first", model: int | N
 
 
 def module_of(obj) -> str:
+    """The module name of ``obj``'s type (``''`` when unknown): how mdtraj and Bio.PDB objects are recognised
+    without importing those packages."""
     return type(obj).__module__ or ""
 
 
@@ -168,6 +170,7 @@ def path_name(source) -> str:
 
 
 def check_file(path: Path) -> None:
+    """Raise InputError unless ``path`` is an existing, non-empty file (one ``os.stat``)."""
     name = str(path)
     try:
         st = os.stat(path)  # one system call answers exists / directory / empty

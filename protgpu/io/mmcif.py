@@ -16,6 +16,7 @@ from ._common import altloc_keep, check_model_atoms, check_models, one_line, spl
 
 
 def read_mmcif(path: Path, name: str, *, altloc: str, model) -> Structure:
+    """Read the mmCIF file ``path`` through gemmi (see :func:`protgpu.io.load` for ``altloc`` and ``model``)."""
     import gemmi
 
     try:
@@ -28,6 +29,7 @@ def read_mmcif(path: Path, name: str, *, altloc: str, model) -> Structure:
 
 
 def from_gemmi(st, name: str, *, altloc: str, model) -> Structure:
+    """A Structure from a ``gemmi.Structure``, flattened by ``gemmi.FlatStructure`` (every model a frame)."""
     import gemmi
 
     flat = gemmi.FlatStructure(st)

@@ -74,6 +74,8 @@ def _table_from_mdtraj_topology(top) -> AtomTable:
 
 
 def from_mdtraj(traj, source: str, atoms: AtomTable | None = None) -> Structure:
+    """A Structure from an ``mdtraj.Trajectory`` (coordinates and box nm -> Angstrom, time ps); ``atoms``
+    replaces the table built from its topology."""
     xyz = np.asarray(traj.xyz, dtype=np.float32) * np.float32(10.0)
     box = traj.unitcell_vectors
     box = None if box is None else np.asarray(box, dtype=np.float32) * np.float32(10.0)
@@ -96,6 +98,8 @@ def _placeholder_topology(n_atoms: int):
 
 
 def load_trajectory(path: Path, ext: str, *, top, frames) -> Structure:
+    """Read a trajectory file through mdtraj, with ``top`` (path, Structure or mdtraj Topology) for
+    formats that hold no topology; ``frames`` as :meth:`Structure.frames` (one int reads one frame)."""
     import mdtraj
 
     from .load import check_file, load, module_of  # (load imports this module)
