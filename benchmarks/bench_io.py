@@ -65,10 +65,11 @@ def _loaders(cold: bool = False):
     import mdtraj
     from Bio.PDB import PDBParser
 
-    from protgpu.io import _clear_memos, load
+    from protgpu.io import load
+    from protgpu.io._pdbscan import clear_memos
 
     def load_cold(p):
-        _clear_memos()
+        clear_memos()
         return load(p)
 
     return {

@@ -15,7 +15,7 @@ from ._array import gpu_available
 from .contacts import ContactMap, NativeContacts, contacts, native_contacts
 from .distances import distances
 from .errors import GPUUnavailableError, InputError, KernelCompileError, MemoryBudgetError, ProtgpuError
-from .io import load
+from .io import load, save
 from .scoring import TMScoreResult, gdt, lddt, tm_score
 from .scoring.attention import attention
 from .scoring.consensus import ConsensusResult, consensus_score
@@ -47,6 +47,7 @@ __all__ = [
     "native_contacts",
     "pairwise_rmsd",
     "rmsd",
+    "save",
     "superpose",
     "tm_score",
 ]

@@ -21,13 +21,12 @@ import pytest
 from protgpu import batch
 from protgpu.batch import Job, Result
 from protgpu.commands._inputs import (
-    STRUCTURE_EXTENSIONS,
-    TRAJECTORY_EXTENSIONS,
     ExpandedInputs,
     _has_ext,
     expand_inputs,
 )
 from protgpu.commands._progress import BatchProgress
+from protgpu.io.formats import readable_suffixes
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PROTGPU_DISABLE_GPU": "1", "PYTHONPATH": str(REPO)}
@@ -158,7 +157,7 @@ def test_directory_listing_equals_pathlib_rglob(tmp_path):
     (root / "link.pdb").symlink_to(root / "a.pdb")  # a symlinked file is listed
     (root / "broken.pdb").symlink_to(root / "missing.pdb")  # a broken one is not
     (root / "linked_dir").symlink_to(root / "other", target_is_directory=True)  # not entered
-    exts = STRUCTURE_EXTENSIONS + TRAJECTORY_EXTENSIONS
+    exts = readable_suffixes()
     for spelled in (str(root), str(root) + "/", str(root / "sub" / "..")):
         want = sorted(str(p) for p in Path(spelled).rglob("*") if p.is_file() and _has_ext(p.name, exts))
         got = expand_inputs([spelled])

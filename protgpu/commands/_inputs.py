@@ -8,9 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-
-STRUCTURE_EXTENSIONS = (".pdb", ".ent", ".cif", ".mmcif", ".pdb.gz", ".ent.gz", ".cif.gz", ".mmcif.gz")
-TRAJECTORY_EXTENSIONS = (".xtc", ".dcd", ".trr", ".nc", ".netcdf", ".h5", ".lh5", ".binpos", ".mdcrd")
+from ..io.formats import readable_suffixes
 
 
 def _has_ext(p: str, exts) -> bool:
@@ -49,13 +47,15 @@ def _files_under(root: str, extensions) -> list[str]:
     return found
 
 
-def expand_inputs(items, *, extensions=STRUCTURE_EXTENSIONS + TRAJECTORY_EXTENSIONS) -> list[str]:
+def expand_inputs(items, *, extensions=None) -> list[str]:
     """Turn INPUT arguments into a list of file paths, in order, without duplicates.
 
     ``@file`` reads one path per line (blank lines and ``#`` comments skipped); ``-`` reads that list
     from standard input; a directory is searched recursively for files with ``extensions``; anything
     with ``*``, ``?`` or ``[`` is a glob. A path that does not exist is an error naming it.
+    ``extensions`` defaults to what ``protgpu.load`` reads (``protgpu.io.formats.readable_suffixes``).
     """
+    extensions = readable_suffixes() if extensions is None else extensions
     out: list[str] = []
     seen: set[str] = set()
 

@@ -14,7 +14,7 @@ from protgpu.errors import InputError
 from protgpu.io import load
 from protgpu.structure import AtomTable, Structure, guess_elements, standardize_resnames
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ADK = REPO / "datasets" / "adk_open.pdb"
 
 

@@ -1,11 +1,12 @@
-"""Tests of protgpu.io: loading PDB/mmCIF/trajectories/objects, bad inputs, atomic writes."""
+"""Tests of the fast PDB reader (protgpu.io.pdb and its byte helpers, protgpu.io._pdbscan) through load.
+
+The module-level paths and helpers here are imported by the other tests of tests/io."""
 
 from __future__ import annotations
 
 import functools
 import gzip
 import os
-import stat
 import warnings
 from pathlib import Path
 
@@ -15,15 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protgpu.errors import InputError
-from protgpu.io import load, save_array, write_atomic
-from protgpu.structure import Structure
+from protgpu.io import load
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "datasets"
 ADK = DATA / "adk_open.pdb"
 ADK_CLOSED = DATA / "adk_closed.pdb"
 ADK_DCD = DATA / "adk_dims.dcd"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
 
 
 def shared(rel: str) -> Path:
@@ -60,6 +60,16 @@ def _gemmi_model1(path):
     resnames = np.char.strip(np.asarray(flat.residue_names).astype("U"))[first]
     chains = np.char.strip(np.asarray(flat.chain_ids).astype("U"))[first]
     return np.asarray(flat.pos)[first], names, resnames, np.asarray(flat.resnums)[first], chains
+
+
+def _raises(path, pattern, **kw):
+    """load(path) must raise one one-line InputError (a ValueError) matching ``pattern`` and naming the file."""
+    with pytest.raises(InputError, match=pattern) as err:
+        load(path, **kw)
+    msg = str(err.value)
+    assert Path(path).name in msg and "\n" not in msg, msg
+    assert isinstance(err.value, ValueError)
+    return msg
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -221,12 +231,12 @@ def test_line_layouts_give_the_same_structure(tmp_path, layout):
 
 
 def test_blocked_scans_and_coordinate_passes(tmp_path, monkeypatch):
-    import protgpu.io as pio
+    import protgpu.io._pdbscan as pscan
 
     reference = load(ADK)
     # tiny newline-scan blocks and coordinate passes exercise the block loops on a small file
-    monkeypatch.setattr(pio, "_SCAN_BLOCK", 1000)
-    monkeypatch.setattr(pio, "_COORD_CHUNK", 7)
+    monkeypatch.setattr(pscan, "SCAN_BLOCK", 1000)
+    monkeypatch.setattr(pscan, "COORD_CHUNK", 7)
     _same(load(ADK), reference)
     lines = ADK.read_text().splitlines()
     lines[3000] = lines[3000][:38] + "  12.x45" + lines[3000][46:]
@@ -249,10 +259,10 @@ def test_negative_zero_and_extreme_coordinates(tmp_path):
 
 def _load_general(monkeypatch, path, **kw):
     """load() with the one-run fast layout (_atom_block) turned off: every file takes the general reader."""
-    import protgpu.io as pio
+    import protgpu.io.pdb as ppdb
 
     with monkeypatch.context() as m:
-        m.setattr(pio, "_atom_block", lambda data: None)
+        m.setattr(ppdb, "atom_block", lambda data: None)
         return load(path, **kw)
 
 
@@ -342,31 +352,31 @@ def test_error_line_numbers_across_runs(tmp_path, bad_line, columns, text, messa
 def test_memo_of_decoded_fields(tmp_path, monkeypatch):
     # Names, residue names, guessed elements and residue numbers come from what earlier loads
     # decoded; a cold memo, a full one (no room to add) and a warm one give the same tables.
-    import protgpu.io as pio
+    import protgpu.io._pdbscan as pscan
 
     reference = load(ADK)
     renamed = tmp_path / "renamed.pdb"
     renamed.write_text(ADK.read_text().replace("CA   MET", "QQ   XYZ").replace("MET     1", "MET  A000"))
     other = load(renamed)
     assert other.atoms.name[4] == "QQ" and other.atoms.resname[4] == "XYZ" and other.atoms.resid[0] == 10000
-    for memo in (pio._KeyMemo, lambda *d: pio._KeyMemo(*d, limit=0)):
-        monkeypatch.setattr(pio, "_ATOM_MEMO", memo(np.uint64, "<U4", "<U4"))
-        monkeypatch.setattr(pio, "_GUESS_MEMO", memo(np.uint64, "<U2"))
-        monkeypatch.setattr(pio, "_RESID_MEMO", memo(np.uint32, np.int32))
+    for memo in (pscan.KeyMemo, lambda *d: pscan.KeyMemo(*d, limit=0)):
+        monkeypatch.setattr(pscan, "ATOM_MEMO", memo(np.uint64, "<U4", "<U4"))
+        monkeypatch.setattr(pscan, "GUESS_MEMO", memo(np.uint64, "<U2"))
+        monkeypatch.setattr(pscan, "RESID_MEMO", memo(np.uint32, np.int32))
         for _ in range(2):
             assert load(ADK).atoms == reference.atoms
             assert load(renamed).atoms == other.atoms
-    assert pio._ATOM_MEMO.state[0].size == 0  # limit=0: nothing kept
+    assert pscan.ATOM_MEMO.state[0].size == 0  # limit=0: nothing kept
     monkeypatch.undo()
     load(ADK)
-    pio._clear_memos()
-    assert pio._RESID_MEMO.state[0].size == 0 and load(ADK).atoms == reference.atoms
+    pscan.clear_memos()
+    assert pscan.RESID_MEMO.state[0].size == 0 and load(ADK).atoms == reference.atoms
 
 
 def test_key_memo():
-    from protgpu.io import _KeyMemo
+    from protgpu.io._pdbscan import KeyMemo
 
-    memo = _KeyMemo(np.uint32, np.int32)
+    memo = KeyMemo(np.uint32, np.int32)
     assert memo.find(np.array([5], np.uint32)) is None
     memo.add(np.array([7, 5, 7], np.uint32), np.array([70, 50, 71], np.int32))  # repeats: first value kept
     at, (known, values) = memo.find(np.array([5, 7, 7], np.uint32))
@@ -427,7 +437,7 @@ def test_float32_division_rounds_like_float64():
     ).filter(lambda f: len(f) % 3 == 0)
 )
 def test_coordinate_fields_equal_float(fields):
-    from protgpu.io import _parse_coord_fields
+    from protgpu.io._pdbscan import parse_coord_fields
 
     m = len(fields) // 3
     text = np.frombuffer("".join(fields).encode(), dtype="V24")
@@ -436,37 +446,39 @@ def test_coordinate_fields_equal_float(fields):
         expected = np.array([float(f) for f in fields], dtype=np.float64).astype(np.float32)
     except ValueError:
         with pytest.raises(InputError, match="bad coordinate"):
-            _parse_coord_fields(text, out, 0, lambda i: i + 1, "x.pdb")
+            parse_coord_fields(text, out, 0, lambda i: i + 1, "x.pdb")
         return
-    _parse_coord_fields(text, out, 0, lambda i: i + 1, "x.pdb")
+    parse_coord_fields(text, out, 0, lambda i: i + 1, "x.pdb")
     np.testing.assert_array_equal(out.ravel().view(np.uint32), expected.view(np.uint32))
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.booleans(), max_size=40))
 def test_all_any_match_numpy(values):
-    from protgpu.io import _all, _any
+    from protgpu.io._pdbscan import all_true, any_true
 
     mask = np.array(values, dtype=bool)
     for m in (mask, mask[::2], mask[::-1]):
-        assert _all(m) == bool(m.all()) and _any(m) == bool(m.any())
+        assert all_true(m) == bool(m.all()) and any_true(m) == bool(m.any())
 
 
 def test_read_bytes_in_pieces(tmp_path, monkeypatch):
     # One os.read of the size fstat gives is the usual read; a short read (a huge file, some file
     # systems), a file that grew meanwhile or one whose size is not known reads on to the end.
-    import protgpu.io as pio
+    import importlib
+
+    pload = importlib.import_module("protgpu.io.load")  # (protgpu.io.load, the attribute, is the function)
 
     whole = ADK.read_bytes()
     expected = _outcome(lambda: load(ADK))
     real_read, real_fstat = os.read, os.fstat
     for cap, size_delta in ((1000, 0), (1 << 30, -len(whole)), (1 << 30, -10), (777, -len(whole))):
         with monkeypatch.context() as m:
-            m.setattr(pio.os, "read", lambda fd, n, cap=cap: real_read(fd, min(n, cap)))
-            m.setattr(pio.os, "fstat", lambda fd, d=size_delta: os.stat_result(
+            m.setattr(pload.os, "read", lambda fd, n, cap=cap: real_read(fd, min(n, cap)))
+            m.setattr(pload.os, "fstat", lambda fd, d=size_delta: os.stat_result(
                 tuple(real_fstat(fd))[:6] + (real_fstat(fd).st_size + d,) + tuple(real_fstat(fd))[7:]
             ))
-            assert pio._read_bytes(str(ADK), False) == whole
+            assert pload.read_bytes(str(ADK), False) == whole
             assert _outcome(lambda: load(ADK)) == expected
 
 
@@ -488,14 +500,15 @@ def test_load_from_named_pipe(tmp_path):
 @settings(max_examples=100, deadline=None)
 @given(st.text(alphabet="ab./gzpdbGZ", min_size=1, max_size=14))
 def test_path_helpers_match_pathlib(text):
-    from protgpu.io import _path_name, _split_ext
+    from protgpu.io.formats import split_ext
+    from protgpu.io.load import path_name
 
-    assert _path_name(text) == str(Path(text))
+    assert path_name(text) == str(Path(text))
     suffixes = [s.lower() for s in Path(text).suffixes]
     gz = bool(suffixes) and suffixes[-1] == ".gz"
     if gz:
         suffixes = suffixes[:-1]
-    assert _split_ext(Path(text)) == _split_ext(str(Path(text))) == ((suffixes[-1] if suffixes else ""), gz)
+    assert split_ext(Path(text)) == split_ext(str(Path(text))) == ((suffixes[-1] if suffixes else ""), gz)
 
 
 def _atom_line(serial, name, resname, chain, resid, xyz, element="", altloc=" ", occ=1.0, icode=" ", het=False):
@@ -610,144 +623,6 @@ def test_pdb_with_mmcif_content(tmp_path):
 # ----------------------------------------------------------------------------------------------------
 
 
-def test_mmcif_8ddg():
-    path = shared("mdtraj/8ddg.cif")
-    s = load(path)
-    t = _mdtraj(path)
-    assert (s.n_atoms, s.n_residues, s.n_frames) == (64, 3, 1)
-    np.testing.assert_allclose(s.coords, t.xyz * 10, atol=1e-3)
-
-
-def test_mmcif_equals_pdb_1a8o():
-    c = load(shared("biopython/1A8O.cif"))
-    p = load(shared("biopython/1A8O.pdb"))
-    assert (c.n_atoms, c.n_residues) == (644, p.n_residues)
-    np.testing.assert_allclose(c.coords, p.coords, atol=1e-3)
-    # (hetero differs: the mmCIF writes the MSE atoms as ATOM, the PDB as HETATM)
-    for field in ("name", "element", "resname", "resid", "chain", "residue_index"):
-        np.testing.assert_array_equal(getattr(c.atoms, field), getattr(p.atoms, field), err_msg=field)
-
-
-def test_mmcif_multimodel_and_mismatch(tmp_path):
-    import gemmi
-
-    st = gemmi.read_structure(str(shared("mdtraj/2EQQ.pdb")))
-    cif = tmp_path / "2eqq.cif"
-    st.make_mmcif_document().write_file(str(cif))
-    s, p = load(cif), load(shared("mdtraj/2EQQ.pdb"))
-    assert (s.n_frames, s.n_atoms) == (20, 423)
-    np.testing.assert_allclose(s.coords, p.coords, atol=1e-3)
-    np.testing.assert_array_equal(load(cif, model=3).coords[0], s.coords[2])
-    # drop one atom from model 2
-    st[1][0][0].remove_atom("CA", "\0")
-    bad = tmp_path / "bad_models.cif"
-    st.make_mmcif_document().write_file(str(bad))
-    _raises(bad, r"bad_models\.cif: model 2 has 422 atoms but model 1 has 423")
-
-
-# ----------------------------------------------------------------------------------------------------
-# Trajectories and objects
-# ----------------------------------------------------------------------------------------------------
-
-
-def test_dcd_with_pdb_top():
-    s = load(ADK_DCD, top=ADK)
-    t = _mdtraj(ADK_DCD, top=str(ADK))
-    assert (s.n_frames, s.n_atoms, s.n_residues) == (98, 3341, 214)
-    np.testing.assert_allclose(s.coords, t.xyz * 10, atol=1e-3)
-    assert s.atoms == load(ADK).atoms
-    np.testing.assert_array_equal(load(ADK_DCD, top=ADK, frames=7).coords[0], s.coords[7])
-    np.testing.assert_array_equal(load(ADK_DCD, top=load(ADK), frames=[1, 3]).coords, s.coords[[1, 3]])
-
-
-def test_xtc_units_box_time():
-    top = shared("mdtraj/native.pdb")
-    xtc = shared("mdtraj/frame0.xtc")
-    s = load(xtc, top=top)
-    t = _mdtraj(xtc, top=str(top))
-    assert (s.n_frames, s.n_atoms) == (501, 22)
-    np.testing.assert_allclose(s.coords, t.xyz * 10, atol=1e-3)
-    np.testing.assert_allclose(s.box, t.unitcell_vectors * 10, atol=1e-3)
-    np.testing.assert_allclose(s.time, t.time)
-    assert s.box.shape == (501, 3, 3) and s.box.dtype == np.float32
-    last = load(xtc, top=load(top), frames=-1)
-    np.testing.assert_array_equal(last.coords[0], s.coords[-1])
-
-
-def test_xtc_1am7():
-    s = load(shared("mdtraj/1am7_corrected.xtc"), top=shared("mdtraj/1am7_protein.pdb"))
-    t = _mdtraj(shared("mdtraj/1am7_corrected.xtc"), top=str(shared("mdtraj/1am7_protein.pdb")))
-    assert (s.n_frames, s.n_atoms) == (t.n_frames, 2504)
-    np.testing.assert_allclose(s.coords, t.xyz * 10, atol=1e-3)
-
-
-def test_self_contained_gro(tmp_path):
-    t = _mdtraj(shared("mdtraj/frame0.xtc"), top=str(shared("mdtraj/native.pdb")))[:3]
-    gro = tmp_path / "three.gro"
-    t.save_gro(str(gro))
-    s = load(gro)
-    assert (s.n_frames, s.n_atoms) == (3, 22)
-    np.testing.assert_allclose(s.coords, t.xyz * 10, atol=0.01)  # .gro keeps 1e-3 nm
-    assert s.box is not None
-
-
-def test_top_as_mdtraj_topology():
-    top = _mdtraj(shared("mdtraj/native.pdb")).topology
-    s = load(shared("mdtraj/frame0.xtc"), top=top)
-    assert (s.n_frames, s.n_atoms, s.n_residues) == (501, 22, 3)
-
-
-def test_mdtraj_object():
-    t = _mdtraj(ADK_DCD, top=str(ADK))[:5]
-    s = load(t)
-    assert (s.n_frames, s.n_atoms, s.n_residues) == (5, 3341, 214)
-    np.testing.assert_allclose(s.coords, t.xyz * 10, atol=1e-4)
-    # mdtraj has no chain ids for a blank chain: letters by chain index; segids survive
-    assert set(s.atoms.chain) == {"A"} and set(s.atoms.segid) == {"4AKE"}
-    assert s.select_indices("ca").size == 214
-
-
-def test_biopython_objects():
-    from Bio.PDB import PDBParser
-
-    path = shared("mdtraj/2EQQ.pdb")
-    bio = PDBParser(QUIET=True).get_structure("2eqq", str(path))
-    ref = load(path)
-    s = load(bio)
-    assert (s.n_frames, s.n_atoms) == (20, 423)
-    np.testing.assert_allclose(s.coords, ref.coords, atol=1e-4)
-    for field in ("name", "element", "resname", "resid", "chain", "residue_index"):
-        np.testing.assert_array_equal(getattr(s.atoms, field), getattr(ref.atoms, field), err_msg=field)
-    m = load(bio[3])
-    np.testing.assert_allclose(m.coords[0], ref.coords[3], atol=1e-4)
-    c = load(bio[0]["A"])
-    assert c.n_atoms == 423
-    bio[3]["A"].child_list[0].detach_child("CA")
-    with pytest.raises(InputError, match="model 4 has 422 atoms but model 1 has 423"):
-        load(bio)
-    with pytest.raises(InputError, match="level"):
-        load(bio[0]["A"].child_list[0])
-
-
-def test_structure_passthrough_and_array():
-    s = load(ADK)
-    assert load(s) is s
-    assert load(s, frames=0).n_frames == 1
-    a = load(np.zeros((2, 5, 3)))
-    assert (a.n_frames, a.n_atoms) == (2, 5)
-
-
-def test_list_of_paths_stacks(tmp_path):
-    s = load([ADK, ADK_CLOSED])
-    assert (s.n_frames, s.n_atoms) == (2, 3341)
-    np.testing.assert_array_equal(s.coords[1], load(ADK_CLOSED).coords[0])
-    other = tmp_path / "short.pdb"
-    other.write_text("\n".join(ADK.read_text().splitlines()[:50]) + "\n")
-    with pytest.raises(InputError, match="short.pdb: atoms differ from"):
-        load([ADK, other])
-    with pytest.raises(InputError, match="empty list"):
-        load([])
-
 
 @settings(max_examples=200, deadline=None)
 @given(
@@ -755,19 +630,19 @@ def test_list_of_paths_stacks(tmp_path):
     rows=st.lists(st.text(alphabet=" \x00ABCxyz019'-*", min_size=4, max_size=4), min_size=1, max_size=20),
 )
 def test_vectorised_column_decoding_equals_str_strip(width, rows):
-    from protgpu.io import _UINT, _strip_keys, _widen
+    from protgpu.io._pdbscan import UINT, strip_keys, widen
 
     rows = [r[:width] for r in rows]
-    keys = np.frombuffer("".join(rows).encode("latin-1"), dtype=_UINT[width])
-    assert _strip_keys(keys, width).tolist() == [r.strip(" \x00") for r in rows]
+    keys = np.frombuffer("".join(rows).encode("latin-1"), dtype=UINT[width])
+    assert strip_keys(keys, width).tolist() == [r.strip(" \x00") for r in rows]
     # as written; a '<U' string drops trailing NULs
-    assert _widen(keys, width).tolist() == [r.rstrip("\x00") for r in rows]
+    assert widen(keys, width).tolist() == [r.rstrip("\x00") for r in rows]
 
 
 def test_element_column_table():
-    from protgpu.io import _element_table
+    from protgpu.io._pdbscan import element_table
 
-    table, valid = _element_table()
+    table, valid = element_table()
 
     def look(text):
         key = int.from_bytes(text.encode("latin-1"), "little")
@@ -781,172 +656,3 @@ def test_element_column_table():
 # ----------------------------------------------------------------------------------------------------
 # Bad input: one-line InputError naming the file
 # ----------------------------------------------------------------------------------------------------
-
-
-def _raises(path, pattern, **kw):
-    with pytest.raises(InputError, match=pattern) as err:
-        load(path, **kw)
-    msg = str(err.value)
-    assert Path(path).name in msg and "\n" not in msg, msg
-    assert isinstance(err.value, ValueError)
-    return msg
-
-
-def test_missing_file(tmp_path):
-    _raises(tmp_path / "nope.pdb", "no such file")
-
-
-def test_directory(tmp_path):
-    d = tmp_path / "dir.pdb"
-    d.mkdir()
-    _raises(d, "is a directory")
-
-
-def test_empty_file(tmp_path):
-    p = tmp_path / "empty.pdb"
-    p.write_bytes(b"")
-    _raises(p, "file is empty")
-    g = tmp_path / "empty.pdb.gz"
-    g.write_bytes(gzip.compress(b""))
-    _raises(g, "empty")
-
-
-def test_garbage_text_and_binary(tmp_path):
-    p = tmp_path / "garbage.pdb"
-    p.write_text("hello\nthis is not a structure\n")
-    _raises(p, "no ATOM/HETATM records")
-    b = tmp_path / "binary.pdb"
-    b.write_bytes(bytes(range(256)) * 10)
-    _raises(b, "no ATOM/HETATM records")
-    c = tmp_path / "garbage.cif"
-    c.write_text("this is not cif\n")
-    _raises(c, "garbage.cif: cannot read mmCIF")
-    z = tmp_path / "bad.pdb.gz"
-    z.write_bytes(b"not gzip at all")
-    _raises(z, "not a valid gzip")
-
-
-def test_truncated_pdb_reports_line(tmp_path):
-    lines = ADK.read_text().splitlines()
-    p = tmp_path / "trunc.pdb"
-    # the file stops in the middle of line 40 (the 36th ATOM record)
-    p.write_text("\n".join(lines[:39]) + "\n" + lines[39][:40])
-    _raises(p, r"trunc\.pdb: line 40: truncated ATOM/HETATM record")
-
-
-def test_bad_coordinate_reports_line(tmp_path):
-    lines = ADK.read_text().splitlines()
-    lines[10] = lines[10][:30] + "  12.xyz" + lines[10][38:]
-    p = tmp_path / "badnum.pdb"
-    p.write_text("\n".join(lines) + "\n")
-    _raises(p, r"line 11: bad coordinate '12.xyz'")
-
-
-def test_nan_coordinates(tmp_path):
-    lines = ADK.read_text().splitlines()
-    idx = next(i for i, ln in enumerate(lines) if ln.startswith("ATOM")) + 3  # the 4th atom
-    lines[idx] = lines[idx][:38] + "     nan" + lines[idx][46:]
-    p = tmp_path / "nan.pdb"
-    p.write_text("\n".join(lines) + "\n")
-    _raises(p, r"nan\.pdb: non-finite coordinate .* frame 0, atom 3")
-
-
-def test_model_atom_count_mismatch(tmp_path):
-    atoms = [ln for ln in ADK.read_text().splitlines() if ln.startswith("ATOM")]
-    text = "MODEL        1\n" + "\n".join(atoms[:30]) + "\nENDMDL\nMODEL        2\n" + "\n".join(atoms[:29])
-    p = tmp_path / "models.pdb"
-    p.write_text(text + "\nENDMDL\nEND\n")
-    _raises(p, r"models\.pdb: model 2 has 29 atoms but model 1 has 30")
-    swapped = atoms[:28] + [atoms[29], atoms[28]]
-    text = "MODEL        1\n" + "\n".join(atoms[:30]) + "\nENDMDL\nMODEL        2\n" + "\n".join(swapped)
-    q = tmp_path / "order.pdb"
-    q.write_text(text + "\nENDMDL\nEND\n")
-    _raises(q, r"order\.pdb: model 2 atom 28 is")
-
-
-def test_unknown_extension_lists_supported(tmp_path):
-    p = tmp_path / "thing.xyzzy"
-    p.write_text("ATOM\n")
-    msg = _raises(p, "unknown file extension '.xyzzy'; supported: .pdb")
-    assert ".cif" in msg and ".xtc" in msg and ".dcd" in msg
-
-
-def test_trajectory_without_top():
-    _raises(ADK_DCD, r"adk_dims\.dcd: a \.dcd trajectory holds no topology; pass top=")
-
-
-def test_trajectory_with_wrong_top():
-    _raises(ADK_DCD, r"adk_dims\.dcd: cannot read trajectory.*topology has 22 atoms", top=shared("mdtraj/native.pdb"))
-
-
-def test_trajectory_frame_out_of_range():
-    with pytest.raises(InputError, match="adk_dims.dcd"):
-        load(ADK_DCD, top=ADK, frames=500)
-
-
-def test_garbage_trajectory(tmp_path):
-    p = tmp_path / "junk.xtc"
-    p.write_bytes(b"\x00\x01garbage" * 100)
-    _raises(p, r"junk\.xtc: cannot read trajectory", top=ADK)
-
-
-def test_bad_source_type():
-    with pytest.raises(InputError, match="cannot load an object of type dict"):
-        load({"a": 1})
-
-
-# ----------------------------------------------------------------------------------------------------
-# Atomic writes
-# ----------------------------------------------------------------------------------------------------
-
-
-def test_save_array_npy_and_npz(tmp_path):
-    a = np.arange(12.0).reshape(3, 4)
-    out = save_array(tmp_path / "a.npy", a)
-    np.testing.assert_array_equal(np.load(out), a)
-    save_array(tmp_path / "b.npz", {"x": a, "y": np.arange(3)})
-    with np.load(tmp_path / "b.npz") as z:
-        assert sorted(z.files) == ["x", "y"]
-        np.testing.assert_array_equal(z["x"], a)
-    save_array(tmp_path / "c.npz", a)
-    with np.load(tmp_path / "c.npz") as z:
-        np.testing.assert_array_equal(z["arr_0"], a)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy", "b.npz", "c.npz"]  # no temp files
-    mode = stat.S_IMODE(os.stat(tmp_path / "a.npy").st_mode)
-    assert mode & 0o044 or os.umask(os.umask(0)) & 0o044  # readable like a plain open() would make it
-    with pytest.raises(InputError, match="needs a .npz"):
-        save_array(tmp_path / "d.npy", {"x": a})
-    with pytest.raises(InputError, match="unsupported output suffix '.txt'"):
-        save_array(tmp_path / "e.txt", a)
-
-
-def test_write_atomic_keeps_old_file_on_error(tmp_path):
-    dest = tmp_path / "out.npy"
-    save_array(dest, np.zeros(3))
-
-    def boom(tmp):
-        Path(tmp).write_bytes(b"partial")
-        raise RuntimeError("disk full")
-
-    with pytest.raises(RuntimeError, match="disk full"):
-        write_atomic(dest, boom)
-    np.testing.assert_array_equal(np.load(dest), np.zeros(3))
-    assert [p.name for p in tmp_path.iterdir()] == ["out.npy"]
-
-
-def test_write_atomic_missing_directory(tmp_path):
-    with pytest.raises(InputError, match="does not exist"):
-        write_atomic(tmp_path / "no" / "x.npy", lambda tmp: None)
-
-
-def test_import_is_light():
-    import subprocess
-    import sys
-
-    code = "import protgpu.io, protgpu.structure, sys; print(any(m in sys.modules for m in ('mdtraj', 'Bio', 'gemmi')))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
-    assert out.stdout.strip() == "False"
-
-
-def test_load_returns_structure_type():
-    assert isinstance(load(ADK), Structure)

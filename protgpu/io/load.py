@@ -1,0 +1,241 @@
+"""The load dispatch: :func:`load` turns a path, a Structure, an mdtraj or Biopython object, an array
+or a list of them into a :class:`~protgpu.structure.core.Structure`; path handling and file reading.
+
+Internal API (tests): :func:`read_bytes`, :func:`path_name`, :func:`check_file`, :func:`module_of`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from ..structure import Structure
+from .biopython import from_biopython
+from .formats import (
+    MDTRAJ_SELF_CONTAINED,
+    MMCIF_EXTENSIONS,
+    PDB_EXTENSIONS,
+    TRAJECTORY_EXTENSIONS,
+    mdtraj_suffixes,
+    split_ext,
+    supported_text,
+)
+from .mmcif import read_mmcif
+from .pdb import parse_pdb
+from .trajectory import from_mdtraj, load_trajectory
+
+__all__ = ["load"]
+
+_ALTLOC_MODES = ("first", "occupancy")
+
+
+def load(source, *, top=None, frames=None, altloc: str = "first", model: int | None = None) -> Structure:
+    """Load a structure or trajectory as a :class:`Structure` (coordinates in Angstrom).
+
+    Parameters
+    ----------
+    source : str, os.PathLike, Structure, mdtraj.Trajectory, Bio.PDB entity, array or sequence
+        * path to a PDB/mmCIF file (``.pdb .ent .cif .mmcif``, optionally ``.gz``): every model
+          becomes a frame; all models must have the same atoms in the same order;
+        * path to a trajectory mdtraj reads (``.xtc .dcd .trr .nc .netcdf .h5`` ...): coordinates
+          and box vectors converted from nm to Angstrom, time in ps;
+        * a ``Structure``: returned as is (or its ``frames`` subset);
+        * an ``mdtraj.Trajectory`` (nm, converted) or a Biopython ``Structure``/``Model``/``Chain``
+          (Angstrom; each Bio model a frame; disordered atoms as Biopython selects them);
+        * a NumPy array of shape (frames, atoms, 3) or (atoms, 3): wrapped by
+          :meth:`Structure.from_coords`;
+        * a list/tuple of any of these: loaded one by one and stacked as frames; their atom
+          tables must be equal.
+    top : str, os.PathLike, Structure or mdtraj.Topology, optional
+        Topology for trajectory files that carry none (xtc, dcd, trr, nc, ...): a PDB/mmCIF path or a
+        Structure gives the atom table (its atoms must match the trajectory's count); a
+        ``.prmtop``/``.psf``/``.gro``/``.h5`` path is read by mdtraj. Ignored for PDB/mmCIF sources.
+    frames : int, slice or array_like, optional
+        Keep only these frames (models for PDB/mmCIF), as :meth:`Structure.frames`.
+    altloc : {"first", "occupancy"}
+        Alternate locations (PDB/mmCIF): for each atom (same residue and atom name) keep its first
+        record in the file ("first", the default, as mdtraj and gemmi do) or the record with the
+        highest occupancy, the first one on ties ("occupancy", as Biopython does). Atoms without an
+        altloc are always kept.
+    model : int, optional
+        Keep only the model with this number (the MODEL serial in PDB, ``pdbx_PDB_model_num`` in
+        mmCIF; a file without MODEL records has model 1).
+
+    Returns
+    -------
+    Structure
+        ``coords`` (frames, atoms, 3) float32 Angstrom. Hydrogens, waters and ligands are kept. For
+        PDB/mmCIF ``box`` is None (a crystal unit cell is not a periodic simulation box) and the
+        chain id is kept as written (blank -> ``""``; the segid is stored separately).
+
+    Raises
+    ------
+    InputError
+        Missing file, directory, empty file, unreadable content or no atoms, truncated PDB record
+        (with its line number), models with different atoms (with the model number and both atom
+        counts), NaN/inf coordinates, unknown extension (the supported ones are listed), trajectory
+        without ``top``.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "two.pdb")
+    >>> with open(path, "w") as fh:
+    ...     _ = fh.write("ATOM      1  N   GLY A   1      11.104   6.134  -6.504  1.00  0.00           N\\n"
+    ...                  "ATOM      2  CA  GLY A   1      11.639   6.071  -5.147  1.00  0.00           C\\n")
+    >>> s = load(path)
+    >>> s.n_frames, s.n_atoms, s.n_residues
+    (1, 2, 1)
+    >>> s.coords[0, 1].tolist()
+    [11.638999938964844, 6.071000099182129, -5.146999835968018]
+    >>> s.select("ca").atoms.name.tolist()
+    ['CA']
+    """
+    if altloc not in _ALTLOC_MODES:
+        raise InputError(f"altloc must be one of {_ALTLOC_MODES}, got {altloc!r}")
+    if isinstance(source, Structure):
+        s = source
+    elif isinstance(source, (str, os.PathLike)):
+        s, frames_done = _load_path(path_name(source), top=top, altloc=altloc, model=model, frames=frames)
+        if frames_done:
+            frames = None
+    elif isinstance(source, np.ndarray):
+        s = Structure.from_coords(source, source="array")
+    elif isinstance(source, (list, tuple)):
+        s = _load_many(source, top=top, altloc=altloc, model=model)
+    elif module_of(source).startswith("mdtraj") and hasattr(source, "xyz"):
+        s = from_mdtraj(source, "mdtraj.Trajectory")
+    elif module_of(source).startswith("Bio.PDB"):
+        s = from_biopython(source)
+    else:
+        raise InputError(
+            f"cannot load an object of type {type(source).__name__}: expected a path, a Structure, an "
+            "mdtraj.Trajectory, a Bio.PDB Structure/Model/Chain, an array or a list of these"
+        )
+    if frames is not None:
+        s = s.frames(frames)
+    return s
+
+
+def module_of(obj) -> str:
+    """The module name of ``obj``'s type (``''`` when unknown): how mdtraj and Bio.PDB objects are recognised
+    without importing those packages."""
+    return type(obj).__module__ or ""
+
+
+def _load_many(items: Sequence, *, top, altloc: str, model) -> Structure:
+    if not items:
+        raise InputError("load: empty list of inputs")
+    structures = [load(x, top=top, altloc=altloc, model=model) for x in items]
+    first = structures[0]
+    for item, s in zip(items, structures, strict=True):
+        if s.atoms != first.atoms:
+            name = s.source or str(item)
+            raise InputError(
+                f"{name}: atoms differ from {first.source} ({s.n_atoms} vs {first.n_atoms} atoms, or "
+                "different names/residues); files stacked as frames must have identical atoms"
+            )
+    boxes = [s.box for s in structures]
+    times = [s.time for s in structures]
+    return Structure(
+        np.concatenate([s.coords for s in structures]),
+        first.atoms,
+        source=f"{first.source} (+{len(structures) - 1} more)" if len(structures) > 1 else first.source,
+        box=np.concatenate(boxes) if all(b is not None for b in boxes) else None,
+        time=np.concatenate(times) if all(t is not None for t in times) else None,
+    )
+
+
+def path_name(source) -> str:
+    """``str(Path(source))``, without building the Path when ``source`` is a string already in that
+    form (no empty or '.' component, no trailing slash): pathlib's parsing costs several
+    microseconds, a noticeable part of loading a small PDB file."""
+    if (
+        type(source) is str
+        and os.sep == "/"
+        and source not in ("", ".")
+        and "//" not in source
+        and "/./" not in source
+        and not source.startswith("./")
+        and not source.endswith(("/", "/."))
+    ):
+        return source
+    return str(Path(source))
+
+
+def check_file(path: Path) -> None:
+    """Raise InputError unless ``path`` is an existing, non-empty file (one ``os.stat``)."""
+    name = str(path)
+    try:
+        st = os.stat(path)  # one system call answers exists / directory / empty
+    except FileNotFoundError:
+        raise InputError(f"{name}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{name}: is a directory, not a structure file")
+    if st.st_size == 0:
+        raise InputError(f"{name}: file is empty")
+
+
+def read_bytes(path: str | Path, gz: bool) -> bytes:
+    """The file's bytes (gunzipped when ``gz``); a missing, unreadable or empty file, or a directory,
+    raises the same InputError as :func:`check_file` (no separate stat call on the way)."""
+    name = str(path)
+    try:
+        # os.read of the size fstat reports: the whole file in one read straight into the bytes
+        # object, four system calls in all (a file object also seeks and reads once more to meet
+        # the end: a few microseconds, a noticeable part of loading a small file)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        raise InputError(f"{name}: no such file") from None
+    except OSError as exc:
+        check_file(path)  # a directory (PermissionError on Windows) ...
+        raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
+    try:
+        size = os.fstat(fd).st_size
+        data = os.read(fd, size + 1)
+        if len(data) != size:
+            # a short read (a huge file, some file systems), a file that grew, or one whose size is
+            # not known (a pipe reports 0): read on to the end
+            chunks = [data]
+            while chunks[-1]:
+                chunks.append(os.read(fd, 1 << 20))
+            data = b"".join(chunks)
+    except OSError as exc:
+        check_file(path)  # a directory (it opens, and reading it fails with EISDIR) ...
+        raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    if not data:
+        raise InputError(f"{name}: file is empty")
+    if gz:
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, ValueError) as exc:
+            raise InputError(f"{name}: not a valid gzip file ({exc})") from None
+        if not data:
+            raise InputError(f"{name}: file is empty (after gunzip)")
+    return data
+
+
+def _load_path(name: str, *, top, altloc: str, model, frames):
+    """Load the file ``name`` (``str(Path(source))``); returns (structure, whether ``frames`` was applied)."""
+    ext, gz = split_ext(name)
+    if ext in PDB_EXTENSIONS:
+        data = read_bytes(name, gz)  # checks the file as check_file does
+        return parse_pdb(data, name, altloc=altloc, model=model, path=name), False
+    path = Path(name)
+    check_file(path)
+    if ext in MMCIF_EXTENSIONS:
+        return read_mmcif(path, name, altloc=altloc, model=model), False
+    if not gz and (ext in TRAJECTORY_EXTENSIONS or ext in MDTRAJ_SELF_CONTAINED or ext in mdtraj_suffixes()):
+        # trajectory loading applies ``frames`` itself (reading one frame is cheaper than all)
+        return load_trajectory(path, ext, top=top, frames=frames), True
+    raise InputError(f"{name}: unknown file extension {ext or '(none)'!r}; supported: {supported_text()}")

@@ -1,0 +1,154 @@
+"""Trajectories and ``mdtraj.Trajectory`` objects through mdtraj, converted from nm to Angstrom.
+
+mdtraj is imported inside the functions, so that ``import protgpu`` stays light.
+Internal API: :func:`load_trajectory` (a path) and :func:`from_mdtraj` (a Trajectory).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from ..structure import AMINO_ACIDS, WATER_RESNAMES, AtomTable, Structure, guess_elements, standardize_resnames
+from ._common import one_line
+from .formats import MMCIF_EXTENSIONS, PDB_EXTENSIONS, TRAJECTORY_EXTENSIONS, split_ext
+
+
+def _chain_letters(k: int) -> str:
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    out = ""
+    k += 1
+    while k:
+        k, r = divmod(k - 1, 26)
+        out = letters[r] + out
+    return out
+
+
+def _table_from_mdtraj_topology(top) -> AtomTable:
+    names, elements, resnames, resids, chains, segids, hetero, counts = [], [], [], [], [], [], [], []
+    for chain in top.chains:
+        cid = (getattr(chain, "chain_id", None) or "").strip() or _chain_letters(chain.index)
+        for res in chain.residues:
+            atoms = list(res.atoms)
+            counts.append(len(atoms))
+            resnames.append(res.name)
+            resids.append(res.resSeq)
+            chains.append(cid)
+            segids.append((getattr(res, "segment_id", "") or "").strip())
+            # mdtraj does not keep the HETATM flag: everything that is not polymer counts as hetero.
+            hetero.append(not (res.is_protein or res.is_nucleic))
+            names.extend(a.name for a in atoms)
+            elements.extend(
+                (a.element.symbol if a.element is not None and a.element.symbol not in ("VS", "") else "")
+                for a in atoms
+            )
+    counts = np.asarray(counts, dtype=np.int64)
+    rep = np.repeat(np.arange(counts.size), counts)
+    resname = np.asarray(resnames, dtype=str)[rep] if rep.size else np.zeros(0, "<U1")
+    element = np.char.upper(np.asarray(elements, dtype=str)) if elements else np.zeros(0, "<U1")
+    name_arr = np.asarray(names, dtype=str) if names else np.zeros(0, "<U1")
+    # mdtraj guesses elements from names when a PDB has no element column, and reads the CHARMM
+    # left-justified "CA  " as calcium; an amino-acid or water atom is never a two-letter element
+    # (selenium excepted), so those get the name-based guess.
+    std = standardize_resnames(resname)
+    polymer = np.isin(std, list(AMINO_ACIDS)) | np.isin(resname, list(WATER_RESNAMES))
+    missing = (element == "") | (polymer & (np.char.str_len(element) == 2) & (element != "SE"))
+    if missing.any():
+        element = element.astype("<U2")
+        element[missing] = guess_elements(name_arr[missing], resname[missing])
+    return AtomTable(
+        name=name_arr,
+        element=element,
+        resname=resname,
+        resid=np.asarray(resids, dtype=np.int32)[rep] if rep.size else np.zeros(0, np.int32),
+        icode=np.full(rep.size, "", dtype="<U1"),
+        chain=np.asarray(chains, dtype=str)[rep] if rep.size else np.zeros(0, "<U1"),
+        segid=np.asarray(segids, dtype=str)[rep] if rep.size else np.zeros(0, "<U1"),
+        hetero=np.asarray(hetero, dtype=bool)[rep] if rep.size else np.zeros(0, bool),
+        # mdtraj residues are residues: keep its grouping (two residues with equal ids stay apart).
+        residue_index=rep.astype(np.int32),
+    )
+
+
+def from_mdtraj(traj, source: str, atoms: AtomTable | None = None) -> Structure:
+    """A Structure from an ``mdtraj.Trajectory`` (coordinates and box nm -> Angstrom, time ps); ``atoms``
+    replaces the table built from its topology."""
+    xyz = np.asarray(traj.xyz, dtype=np.float32) * np.float32(10.0)
+    box = traj.unitcell_vectors
+    box = None if box is None else np.asarray(box, dtype=np.float32) * np.float32(10.0)
+    time = None if traj.time is None else np.asarray(traj.time, dtype=np.float64)
+    if atoms is None:
+        atoms = _table_from_mdtraj_topology(traj.topology)
+    return Structure(xyz, atoms, source=source, box=box, time=time)
+
+
+def _placeholder_topology(n_atoms: int):
+    """An mdtraj Topology with n atoms and nothing else: enough for mdtraj to read coordinates, and
+    far cheaper than having mdtraj parse the topology file a second time."""
+    import mdtraj
+
+    top = mdtraj.Topology()
+    res = top.add_residue("UNK", top.add_chain())
+    for _ in range(n_atoms):
+        top.add_atom("X", None, res)
+    return top
+
+
+def load_trajectory(path: Path, ext: str, *, top, frames) -> Structure:
+    """Read a trajectory file through mdtraj, with ``top`` (path, Structure or mdtraj Topology) for
+    formats that hold no topology; ``frames`` as :meth:`Structure.frames` (one int reads one frame)."""
+    import mdtraj
+
+    from .load import check_file, load, module_of  # (load imports this module)
+
+    name = str(path)
+    atoms = None
+    md_top = None
+    if top is None:
+        if ext in TRAJECTORY_EXTENSIONS:
+            raise InputError(
+                f"{name}: a {ext} trajectory holds no topology; pass top= (a PDB/mmCIF file or a Structure)"
+            )
+    elif isinstance(top, Structure):
+        atoms = top.atoms
+    elif module_of(top).startswith("mdtraj"):
+        md_top = top.topology if hasattr(top, "xyz") else top
+    elif isinstance(top, (str, os.PathLike)):
+        tpath = Path(top)
+        t_ext, _ = split_ext(tpath)
+        if t_ext in PDB_EXTENSIONS + MMCIF_EXTENSIONS:
+            atoms = load(tpath).atoms
+        else:
+            check_file(tpath)
+            try:
+                md_top = mdtraj.load_topology(str(tpath))
+            except Exception as exc:  # mdtraj raises many types; report them all the same way
+                raise InputError(f"{tpath}: cannot read topology: {one_line(exc)}") from None
+    else:
+        raise InputError(f"{name}: top must be a path, a Structure or an mdtraj Topology, not {type(top).__name__}")
+    if atoms is not None:
+        md_top = _placeholder_topology(len(atoms))
+    kwargs = {} if md_top is None else {"top": md_top}
+    try:
+        if isinstance(frames, (int, np.integer)) and not isinstance(frames, bool) and frames >= 0:
+            traj = mdtraj.load_frame(str(path), int(frames), **kwargs)
+            frames_left = None
+        else:
+            traj = mdtraj.load(str(path), **kwargs)
+            frames_left = frames
+    except IndexError as exc:
+        raise InputError(f"{name}: frame {frames} out of range ({one_line(exc)})") from None
+    except Exception as exc:  # wrap whatever mdtraj/netCDF/HDF5 raise with the file name
+        msg = one_line(exc)
+        if md_top is not None:
+            msg += f" (topology has {md_top.n_atoms} atoms)"
+        raise InputError(f"{name}: cannot read trajectory: {msg}") from None
+    if traj.n_frames == 0:
+        raise InputError(f"{name}: trajectory has no frames")
+    if atoms is None:
+        atoms = _table_from_mdtraj_topology(traj.topology)
+    s = from_mdtraj(traj, name, atoms=atoms)
+    return s.frames(frames_left) if frames_left is not None else s
