@@ -121,7 +121,7 @@ def torch_pairwise(x, device):
 
 
 def _resident_strips(plan):
-    """The (i0, i1, p0, p1) GEMM panels of a symmetric resident run, as _pairwise_cuda makes them."""
+    """The (i0, i1, p0, p1) GEMM panels of a symmetric resident run, as pairwise_gpu.pairwise_cuda makes them."""
     rows = pairwise_gpu.strip_rows(plan.f)
     out = []
     for i0 in range(0, plan.f, rows):
@@ -163,10 +163,10 @@ def bench_gpu_parts(x_dev, f, n, rows):
 
 def bench_cpu_parts(x, rows, max_tiles=8):
     """Where the CPU all-vs-all time goes and how each part scales with threads, to predict other core
-    counts: the centring and the QCP (on ``_pairwise_numpy``'s pool) on 1 thread and on every core, and
+    counts: the centring and the QCP (on ``pairwise_cpu.pairwise_numpy``'s pool) on 1 thread and on every core, and
     the GEMM of every tile through NumPy's BLAS (its own threads). The QCP is timed on up to
     ``max_tiles`` tiles (each tile's 3x3 blocks take 19 MB): on 1 thread with the single-thread groups,
-    on every core with the pool's groups (``_qcp_group``) and with ``_QCP_CHUNK_PAIRS`` (the GIL
+    on every core with the pool's groups (``pairwise_cpu.qcp_group``) and with ``qcp.CHUNK_PAIRS`` (the GIL
     hand-overs per pair are what the group size trades against cache)."""
     import concurrent.futures as cf
 
