@@ -15,6 +15,7 @@ from ..errors import InputError
 
 
 def is_structure(x) -> bool:
+    """Whether ``x`` is a protgpu Structure (duck-typed: coords, select_indices, atoms)."""
     return hasattr(x, "coords") and hasattr(x, "select_indices") and hasattr(x, "atoms")
 
 
@@ -39,6 +40,7 @@ def frames_of(obj, what: str):
 
 
 def check_shape(shape, name: str):
+    """InputError unless ``shape`` is (atoms, 3) or (frames, atoms, 3) with atoms and frames."""
     if len(shape) not in (2, 3) or shape[-1] != 3:
         raise InputError(f"{name}: coordinates must have shape (atoms, 3) or (frames, atoms, 3), got {tuple(shape)}")
     if shape[-2] == 0:
@@ -127,6 +129,8 @@ def resolve_weights(weights, n_full: int, sel, name: str):
 
 
 class Prepared(NamedTuple):
+    """The resolved inputs of rmsd() / superpose(), as :func:`prepare` returns them."""
+
     be: Any
     mobile: Any  # (F, N, 3) in the input's array library (NumPy for host input)
     ref: tuple  # (ref_fit (n_fit, 3), ref_meas (n_meas, 3) or None), float64, lined up with mobile
@@ -138,6 +142,16 @@ class Prepared(NamedTuple):
 
 
 def prepare(mobile, reference, fit, atoms, weights, ref_frame, device, *, need_rotation: bool):
+    """The inputs of rmsd() / superpose() resolved and checked: backend, mobile frames, the reference
+    frame's fitted (and measured) atoms lined up with the mobile's as float64, selections and weights.
+
+    Raises
+    ------
+    InputError
+        Bad shapes, atom counts differing after selection, an out-of-range ``ref_frame``, fewer than 3
+        fitted atoms where a rotation is needed, NaN coordinates (host input; rmsd() checks its result
+        instead).
+    """
     mob, mob_s, mob_name = frames_of(mobile, "mobile")
     ref, ref_s, ref_name = frames_of(reference, "reference")
     be = dispatch(mob, device=device)
@@ -193,4 +207,5 @@ def prepare(mobile, reference, fit, atoms, weights, ref_frame, device, *, need_r
 
 
 def float_dtype(dtype):
+    """float32 for float32 input, else float64 (the dtype the paths compute moved coordinates in)."""
     return np.float32 if np.dtype(dtype) == np.float32 else np.float64

@@ -54,6 +54,7 @@ def warp_grid(n_frames: int, frames_per_warp: int = 1, threads: int = WARP_THREA
 
 
 def launch(h, grid, block, *args):
+    """:func:`protgpu._cuda.launch` (looked up at call time: the fake device of the tests replaces it)."""
     from .. import _cuda
 
     _cuda.launch(h, grid, block, *args)

@@ -21,7 +21,7 @@ import numpy as np
 from .._threads import cpu_threads
 from . import kernels
 
-STREAM_TILE = 4096  # frames per tile side when streaming to host memory (see pairwise_cuda)
+STREAM_TILE = 4096  # frames per tile side when streaming to host memory (see pairwise_gpu.pairwise_cuda)
 STREAM_PANEL_BYTES = 3 << 30  # most bytes of 3x3 blocks per GEMM panel when streaming
 STREAM_PANEL_COLS = 16384  # column width of the condensed strips' GEMM panels (see stream_condensed)
 STREAM_PANEL_QUANTUM = 1024  # a strip's first panel starts this close left of the diagonal, or closer

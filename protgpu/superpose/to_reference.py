@@ -71,6 +71,8 @@ def centre_reference(y, w):
 
 
 class MomentOperands(NamedTuple):
+    """The fixed right-hand sides of :func:`moments_numpy` for one centred reference."""
+
     wmat: np.ndarray  # (3N, 12) float64: W[3n + a, 3a + b] = w_n yc_nb (-> P), W[3n + a, 9 + a] = w_n (-> S)
     w3: np.ndarray | None  # (3N,) float64 weights repeated per coordinate, None when unweighted
     wyc_sum: np.ndarray  # (3,) sum w yc (0 up to rounding)
