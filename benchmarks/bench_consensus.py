@@ -24,7 +24,6 @@ each randomly moved, with 0.5 Angstrom of noise. Run: ``python3 benchmarks/bench
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 import time
 from pathlib import Path
@@ -37,9 +36,8 @@ from _common import print_table, time_cpu, time_gpu, write_results  # noqa: E402
 from protgpu._array import gpu_available  # noqa: E402
 from protgpu.scoring import consensus as cs  # noqa: E402
 from protgpu.scoring.tmscore import d0_tmscore  # noqa: E402
+from protgpu.superpose import pairwise_rmsd, qcp  # noqa: E402
 
-# the module (``import protgpu.superpose as sp`` would bind protgpu's function of that name)
-sp = importlib.import_module("protgpu.superpose")
 REPO = Path(__file__).resolve().parents[1]
 TARGET = 1.3
 
@@ -62,7 +60,7 @@ def make_models(n_models: int, n_atoms: int, seed: int = 0) -> np.ndarray:
     for f0 in range(0, n_models, 5000):
         f1 = min(n_models, f0 + 5000)
         q = rng.normal(size=(f1 - f0, 4))
-        rot = sp._quaternion_to_rotation(q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
+        rot = qcp.quaternion_to_rotation(q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
         x = base[np.arange(f0, f1) % len(base)] + rng.normal(scale=0.5, size=(f1 - f0, n_atoms, 3)).astype(np.float32)
         out[f0:f1] = np.matmul(x, rot.transpose(0, 2, 1)) + rng.normal(scale=20, size=(f1 - f0, 1, 3))
     return out
@@ -94,10 +92,10 @@ def bench_gpu(m, n, tiles, rows):
     xd = cp.asarray(x)
     case = f"{m} models x {n} atoms (GPU, CuPy in)"
     temp, d0 = cs.DEFAULT_TEMPERATURE, float(d0_tmscore(n))
-    t_pair = time_gpu(lambda: sp.pairwise_rmsd(xd, device="gpu"), repeat=5, warmup=1)["median_s"]
+    t_pair = time_gpu(lambda: pairwise_rmsd(xd, device="gpu"), repeat=5, warmup=1)["median_s"]
     rows.append({"case": case, "tool": "pg.pairwise_rmsd alone (M x M float32)", "seconds": t_pair,
                  "ratio_to_pairwise": 1.0,
-                 "peak_pool_GB": _peak_pool_bytes(cp, lambda: sp.pairwise_rmsd(xd, device="gpu")) / 1e9})
+                 "peak_pool_GB": _peak_pool_bytes(cp, lambda: pairwise_rmsd(xd, device="gpu")) / 1e9})
     t = time_gpu(lambda: cs.consensus_score(xd), repeat=5, warmup=1)["median_s"]
     rows.append({"case": case, "tool": f"pg.consensus_score (fused, tile {cs._gpu_tile(m, None)})", "seconds": t,
                  "ratio_to_pairwise": t / t_pair, "target": f"<= {TARGET}", "meets_target": t / t_pair <= TARGET,
@@ -109,7 +107,7 @@ def bench_gpu(m, n, tiles, rows):
     # The materialised anchor: the whole matrix, then the softmax in CuPy.
     try:
         def materialised():
-            return softmax_score(cp, sp.pairwise_rmsd(xd, device="gpu"), temp, d0)
+            return softmax_score(cp, pairwise_rmsd(xd, device="gpu"), temp, d0)
 
         t = time_gpu(materialised, repeat=3, warmup=1)["median_s"]
         rows.append({"case": case, "tool": "anchor: pairwise_rmsd + CuPy softmax (materialised)", "seconds": t,
@@ -133,7 +131,7 @@ def bench_cpu(m, n, rows):
     x = make_models(m, n, seed=2)
     case = f"{m} models x {n} atoms (CPU)"
     temp, d0 = cs.DEFAULT_TEMPERATURE, float(d0_tmscore(n))
-    t_pair = time_cpu(lambda: sp.pairwise_rmsd(x, device="cpu"), repeat=2, warmup=0)["median_s"]
+    t_pair = time_cpu(lambda: pairwise_rmsd(x, device="cpu"), repeat=2, warmup=0)["median_s"]
     rows.append({"case": case, "tool": "pg.pairwise_rmsd alone (CPU)", "seconds": t_pair, "ratio_to_pairwise": 1.0})
     t = time_cpu(lambda: cs.consensus_score(x, device="cpu"), repeat=2, warmup=0)["median_s"]
     rows.append({"case": case, "tool": "pg.consensus_score (NumPy twin)", "seconds": t,
@@ -155,7 +153,7 @@ def bench_cpu(m, n, rows):
     for j in range(n_ref):
         r[j] = md.rmsd(traj, traj, j, precentered=True) * 10
     t_md = (time.perf_counter() - t0) / n_ref * m
-    rfull = sp.pairwise_rmsd(x, device="cpu")
+    rfull = pairwise_rmsd(x, device="cpu")
     t_soft = time_cpu(lambda: softmax_score(np, rfull, temp, d0), repeat=2, warmup=0)["median_s"]
     rows.append({"case": case, "tool": f"anchor: mdtraj.rmsd loop ({n_ref} refs timed, extrapolated) + NumPy softmax",
                  "seconds": t_md + t_soft, "ratio_to_pairwise": (t_md + t_soft) / t_pair})

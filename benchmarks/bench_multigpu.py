@@ -42,16 +42,15 @@ def make_frames(f: int, n: int, seed: int) -> np.ndarray:
 
 
 def bench_pairwise(rows, frames: int, atoms: int, n_gpu: int) -> None:
-    import importlib
 
     import cupy as cp
     import cupyx
 
-    sp = importlib.import_module("protgpu.superpose")  # the attribute protgpu.superpose is the function
+    from protgpu.superpose import pairwise_rmsd, streaming
 
     x = make_frames(frames, atoms, seed=4)
     pairs = frames * (frames - 1) // 2
-    sp.pairwise_rmsd(x[:2000], device="gpu", devices=list(range(n_gpu)))  # compile, plans, warm-up
+    pairwise_rmsd(x[:2000], device="gpu", devices=list(range(n_gpu)))  # compile, plans, warm-up
     configs = [[0], list(range(n_gpu))] if n_gpu > 1 else [[0]]
     probes = {}
     # Two destinations, each allocated once outside the timings (a pipeline reuses its buffer):
@@ -66,25 +65,25 @@ def bench_pairwise(rows, frames: int, atoms: int, n_gpu: int) -> None:
         else:
             out = cupyx.empty_pinned(pairs, dtype=np.float32)
         alloc_s = time.perf_counter() - t0
-        assert sp._page_locked(out) == (kind == "page-locked")
+        assert streaming.page_locked(out) == (kind == "page-locked")
         # The first full-size call of a process also allocates the pinned staging buffers and the
         # device pools: it is timed on its own ("first call"), then 3 more calls per GPU count,
         # interleaved, give the steady state (median) that a pipeline calling it again and again sees.
         first, times = {}, {len(c): [] for c in configs}
         for c in configs:
             t0 = time.perf_counter()
-            sp.pairwise_rmsd(x, out=out, condensed=True, device="gpu", devices=c)
+            pairwise_rmsd(x, out=out, condensed=True, device="gpu", devices=c)
             first[len(c)] = time.perf_counter() - t0
         for _ in range(3):
             for c in configs:
                 t0 = time.perf_counter()
-                sp.pairwise_rmsd(x, out=out, condensed=True, device="gpu", devices=c)
+                pairwise_rmsd(x, out=out, condensed=True, device="gpu", devices=c)
                 times[len(c)].append(time.perf_counter() - t0)
         results = {}
         for ids in configs:
             dt = float(np.median(times[len(ids)]))
             results[len(ids)] = dt
-            sp.pairwise_rmsd(x, out=out, condensed=True, device="gpu", devices=ids)
+            pairwise_rmsd(x, out=out, condensed=True, device="gpu", devices=ids)
             # every 1,000,003rd value, compared between GPU counts and destinations
             probe = out[::1_000_003].copy()
             row = {"case": f"all-vs-all {frames}x{atoms} condensed -> {kind} host memory", "gpus": len(ids),

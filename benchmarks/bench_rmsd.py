@@ -25,7 +25,6 @@ Without a GPU only the CPU paths are timed. Run: ``python3 benchmarks/bench_rmsd
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import tempfile
@@ -37,10 +36,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_table, time_cpu, time_gpu, write_results  # noqa: E402
 
-# The module itself: `import protgpu.superpose as sp` binds the attribute protgpu.superpose, which is
-# the superpose() function re-exported by protgpu/__init__.py, not the submodule.
-sp = importlib.import_module("protgpu.superpose")
+from protgpu import _threads  # noqa: E402
 from protgpu._array import gpu_available  # noqa: E402
+from protgpu.superpose import kernels, pairwise_cpu, pairwise_gpu, pairwise_rmsd, qcp, rmsd, streaming  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _random_rotations(rng, n):
     q = rng.normal(size=(n, 4))
     q /= np.linalg.norm(q, axis=1, keepdims=True)
-    return sp._quaternion_to_rotation(q)
+    return qcp.quaternion_to_rotation(q)
 
 
 def make_frames(n_frames: int, n_atoms: int, seed: int = 0) -> np.ndarray:
@@ -123,8 +121,8 @@ def torch_pairwise(x, device):
 
 
 def _resident_strips(plan):
-    """The (i0, i1, p0, p1) GEMM panels of a symmetric resident run, as _pairwise_cuda makes them."""
-    rows = sp._strip_rows(plan.f)
+    """The (i0, i1, p0, p1) GEMM panels of a symmetric resident run, as pairwise_gpu.pairwise_cuda makes them."""
+    rows = pairwise_gpu.strip_rows(plan.f)
     out = []
     for i0 in range(0, plan.f, rows):
         out.append((i0, min(plan.f, i0 + rows), i0, plan.f))
@@ -135,13 +133,13 @@ def _gpu_parts(x_dev, f, prec):
     """Median GPU seconds of (centring, the strips' GEMMs, the strips' QCP kernels) for one precision."""
     import cupy as cp
 
-    t_c = time_gpu(lambda: sp._PairPlan(x_dev, None, None, None, prec, np.float32), repeat=5, warmup=1)
-    plan = sp._PairPlan(x_dev, None, None, None, prec, np.float32)
+    t_c = time_gpu(lambda: pairwise_gpu.PairPlan(x_dev, None, None, None, prec, np.float32), repeat=5, warmup=1)
+    plan = pairwise_gpu.PairPlan(x_dev, None, None, None, prec, np.float32)
     strips = _resident_strips(plan)
     t_g = time_gpu(lambda: [plan.gemm(*s) for s in strips], repeat=5, warmup=1)
     blocks = [plan.gemm(*s) for s in strips]
     dst = cp.empty((f, f), dtype=np.float32)
-    mode = sp._MIRROR | sp._UPPER_ONLY | sp._ZERO_DIAG
+    mode = kernels.MIRROR | kernels.UPPER_ONLY | kernels.ZERO_DIAG
 
     def qcp():
         for (i0, i1, p0, p1), bl in zip(strips, blocks, strict=True):
@@ -165,17 +163,17 @@ def bench_gpu_parts(x_dev, f, n, rows):
 
 def bench_cpu_parts(x, rows, max_tiles=8):
     """Where the CPU all-vs-all time goes and how each part scales with threads, to predict other core
-    counts: the centring and the QCP (on ``_pairwise_numpy``'s pool) on 1 thread and on every core, and
+    counts: the centring and the QCP (on ``pairwise_cpu.pairwise_numpy``'s pool) on 1 thread and on every core, and
     the GEMM of every tile through NumPy's BLAS (its own threads). The QCP is timed on up to
     ``max_tiles`` tiles (each tile's 3x3 blocks take 19 MB): on 1 thread with the single-thread groups,
-    on every core with the pool's groups (``_qcp_group``) and with ``_QCP_CHUNK_PAIRS`` (the GIL
+    on every core with the pool's groups (``pairwise_cpu.qcp_group``) and with ``qcp.CHUNK_PAIRS`` (the GIL
     hand-overs per pair are what the group size trades against cache)."""
     import concurrent.futures as cf
 
     f, n = x.shape[:2]
-    threads = sp._cpu_threads()
-    a, g = sp._centre_frames_numpy(x, None, None)
-    tiles = list(sp._tiles(f, f, sp._CPU_TILE, True))
+    threads = _threads.cpu_threads()
+    a, g = pairwise_cpu.centre_frames_numpy(x, None, None)
+    tiles = list(streaming.tiles(f, f, pairwise_cpu.CPU_TILE, True))
     t_gemm = time_cpu(lambda: [a[3 * i0:3 * i1] @ a[3 * j0:3 * j1].T for i0, i1, j0, j1 in tiles], repeat=3)
     sample = tiles[::max(1, len(tiles) // max_tiles)][:max_tiles]
     blocks = [a[3 * i0:3 * i1] @ a[3 * j0:3 * j1].T for i0, i1, j0, j1 in sample]
@@ -183,13 +181,13 @@ def bench_cpu_parts(x, rows, max_tiles=8):
 
     def qcp(pool, group):
         for bl, (i0, i1, j0, j1) in zip(blocks, sample, strict=True):
-            sp._qcp_tile_numpy(bl, g[i0:i1], g[j0:j1], 1.0 / n, upper=i0 == j0, pool=pool, group=group)
+            pairwise_cpu.qcp_tile_numpy(bl, g[i0:i1], g[j0:j1], 1.0 / n, upper=i0 == j0, pool=pool, group=group)
 
-    base, used = sp._QCP_CHUNK_PAIRS, sp._qcp_group(threads)
-    t_c1 = time_cpu(lambda: sp._centre_frames_numpy(x, None, None), repeat=3)
+    base, used = qcp.CHUNK_PAIRS, pairwise_cpu.qcp_group(threads)
+    t_c1 = time_cpu(lambda: pairwise_cpu.centre_frames_numpy(x, None, None), repeat=3)
     t_q1 = time_cpu(lambda: qcp(None, base), repeat=3)
     with cf.ThreadPoolExecutor(threads) as pool:
-        t_cn = time_cpu(lambda: sp._centre_frames_numpy(x, None, None, pool), repeat=3)
+        t_cn = time_cpu(lambda: pairwise_cpu.centre_frames_numpy(x, None, None, pool), repeat=3)
         t_qn = time_cpu(lambda: qcp(pool, used), repeat=3)
         t_qb = time_cpu(lambda: qcp(pool, base), repeat=3)
     q1, qn, qb = (n_pairs / t["median_s"] for t in (t_q1, t_qn, t_qb))
@@ -210,7 +208,7 @@ def bench_pairwise(f, n, rows, use_gpu, quick):
     sub = x[:60]
     ref = kabsch_matrix(sub, sub)
     for prec in ("float64", "float32"):
-        d = sp._pairwise_numpy(sub, precision=prec, out_dtype=np.float64)
+        d = pairwise_cpu.pairwise_numpy(sub, precision=prec, out_dtype=np.float64)
         off = ~np.eye(len(sub), dtype=bool)
         rows.append({"case": f"accuracy {prec} GEMM (60x60, CPU twin)", "tool": "protgpu",
                      "max_err_A": float(np.abs(d - ref)[off].max()), "self_rmsd_A": float(np.abs(np.diag(d)).max())})
@@ -237,7 +235,7 @@ def bench_pairwise(f, n, rows, use_gpu, quick):
         print("mdtraj not installed: skipped")
     # The CPU path (NumPy BLAS GEMM + vectorised QCP), whole matrix, on every machine: the issue asks it
     # to be no slower than the mdtraj loop on the same machine.
-    t = time_cpu(lambda: sp.pairwise_rmsd(x, device="cpu"), repeat=1 if not quick else 2, warmup=0 if not quick else 1)
+    t = time_cpu(lambda: pairwise_rmsd(x, device="cpu"), repeat=1 if not quick else 2, warmup=0 if not quick else 1)
     row = {"case": f"all-vs-all {f}x{n}", "tool": "protgpu CPU (float64 GEMM)",
            "seconds": t["median_s"], "pairs_per_s": pairs / t["median_s"]}
     if md_pairs_per_s:
@@ -249,14 +247,14 @@ def bench_pairwise(f, n, rows, use_gpu, quick):
 
         xd = cp.asarray(x)
         for prec in ("float64", "float32"):
-            t = time_gpu(lambda p=prec: sp.pairwise_rmsd(xd, precision=p, device="gpu"), repeat=5, warmup=1)
+            t = time_gpu(lambda p=prec: pairwise_rmsd(xd, precision=p, device="gpu"), repeat=5, warmup=1)
             rows.append({"case": f"all-vs-all {f}x{n}", "tool": f"protgpu GPU ({prec} GEMM)",
                          "seconds": t["median_s"], "pairs_per_s": pairs / t["median_s"]})
         bench_gpu_parts(xd, f, n, rows)
-        dg = cp.asnumpy(sp.pairwise_rmsd(xd[:60], device="gpu", precision="float64")).astype(np.float64)
+        dg = cp.asnumpy(pairwise_rmsd(xd[:60], device="gpu", precision="float64")).astype(np.float64)
         rows.append({"case": "accuracy float64 GEMM (60x60, GPU)", "tool": "protgpu",
                      "max_err_A": float(np.abs(dg - ref)[~np.eye(60, dtype=bool)].max())})
-        a, _ = sp._centre_frames_cuda(xd, None, None, np.dtype(np.float64))
+        a, _ = pairwise_gpu.centre_frames_cuda(xd, None, None, np.dtype(np.float64))
         t = time_gpu(lambda: a @ a.T, repeat=5, warmup=1)
         rows.append({"case": f"all-vs-all {f}x{n}", "tool": "bare cuBLAS A @ A.T (float64, full square)",
                      "seconds": t["median_s"], "pairs_per_s": pairs / t["median_s"]})
@@ -310,7 +308,7 @@ def bench_streamed(rows, f=50_000, n=300):
         watcher = threading.Thread(target=poll, daemon=True)
         watcher.start()
         t0 = time.perf_counter()
-        sp.pairwise_rmsd(x, out=mm, condensed=True, device="gpu")
+        pairwise_rmsd(x, out=mm, condensed=True, device="gpu")
         t1 = time.perf_counter()
         mm.flush()
         dt = time.perf_counter() - t0
@@ -347,13 +345,13 @@ def bench_to_reference(f, n, rows, use_gpu, quick):
         import cupy as cp
 
         xd = cp.asarray(x)
-        t = time_gpu(lambda: sp.rmsd(xd, ref, device="gpu"), repeat=10, warmup=2)
+        t = time_gpu(lambda: rmsd(xd, ref, device="gpu"), repeat=10, warmup=2)
         rows.append({"case": f"rmsd to one reference {f}x{n}", "tool": "protgpu GPU (CuPy in)",
                      "seconds": t["median_s"], "frames_per_s": f / t["median_s"]})
-        t = time_cpu(lambda: sp.rmsd(x, ref, device="gpu"), repeat=3)
+        t = time_cpu(lambda: rmsd(x, ref, device="gpu"), repeat=3)
         rows.append({"case": f"rmsd to one reference {f}x{n}", "tool": "protgpu GPU (NumPy in, incl. copies)",
                      "seconds": t["median_s"], "frames_per_s": f / t["median_s"]})
-    t = time_cpu(lambda: sp.rmsd(x, ref, device="cpu"), repeat=3 if quick else 1)
+    t = time_cpu(lambda: rmsd(x, ref, device="cpu"), repeat=3 if quick else 1)
     row = {"case": f"rmsd to one reference {f}x{n}", "tool": "protgpu CPU",
            "seconds": t["median_s"], "frames_per_s": f / t["median_s"]}
     if r_md is not None:
@@ -361,7 +359,7 @@ def bench_to_reference(f, n, rows, use_gpu, quick):
     rows.append(row)
     if r_md is not None:
         rows.append({"case": f"rmsd to one reference {f}x{n}", "tool": "|protgpu - mdtraj| max (A)",
-                     "max_err_A": float(np.abs(r_md - sp.rmsd(x, ref, device="cpu")).max())})
+                     "max_err_A": float(np.abs(r_md - rmsd(x, ref, device="cpu")).max())})
     return rows
 
 

@@ -1,6 +1,6 @@
 // qcp.cu: RMSD after optimal superposition by Theobald's QCP (quaternion characteristic polynomial).
 //
-// Every job ends in the same float64 QCP step (protgpu/superpose.py is the NumPy twin, constant for
+// Every job ends in the same float64 QCP step (protgpu/superpose/ is the NumPy twin, constant for
 // constant and branch for branch):
 //   frame_moments_*  one warp per frame, one pass: G_A and M = sum w (x - c) yc^T against a centred
 //                    reference, and the centroid, accumulated in float64
@@ -19,7 +19,7 @@
 #define QCP_SLOW_ITERS 12
 #endif
 
-// Output modes of qcp_pairs (bit flags; same values in superpose.py).
+// Output modes of qcp_pairs (bit flags; same values in protgpu/superpose/kernels.py).
 #define PAIR_MIRROR 1     // also write out[j, i]
 #define PAIR_ZERO_DIAG 2  // global i == j -> exactly 0 (a frame against itself)
 #define PAIR_UPPER_ONLY 4 // skip pairs with global i > j (diagonal tiles of a symmetric run)
@@ -333,7 +333,7 @@ extern "C" __global__ void frame_direct_f64(const double* x, const int* idx, con
 
 // One warp per frame: the (weighted) centroid c in float64 (first pass), then the rows
 //   a[3 f + k, i] = sqrt(w_i) (x_ik - c_k)  in the GEMM's precision B  and  g[f] = sum w |x - c|^2 (float64)
-// (second pass; the frame is still in L1/L2). The twin is superpose._centre_frames_numpy.
+// (second pass; the frame is still in L1/L2). The twin is superpose.pairwise_cpu.centre_frames_numpy.
 //   x: (n_frames, n_atoms, 3); idx: (n,) int32 fitted atoms or NULL; w, sw: (n,) weights and their square
 //   roots, or NULL (unweighted); a: (3 n_frames, n); g: (n_frames,)
 template <typename T, typename B>

@@ -2,12 +2,12 @@
 // largest root l_max of its characteristic quartic by guarded Newton, its unit quaternion (adjugate row,
 // or Jacobi at a near-repeated root), the RMSD and the rotation. Pure per-pair math, no entry points:
 // qcp.cu (RMSD, superposition, all-vs-all) and tmscore.cu (the TM-score search's fits) share it. The
-// loader inlines it as text, once per source, so the cache key covers it. protgpu/superpose.py holds
+// loader inlines it as text, once per source, so the cache key covers it. protgpu/superpose/qcp.py holds
 // the NumPy twin (same constants, same branches).
 #pragma once
 
-// The numerical constants. superpose.py passes them to qcp.cu as #defines (its _MAX_ITERS, ...); other
-// kernels get these defaults, which are the same values.
+// The numerical constants. protgpu/superpose/kernels.py passes them to qcp.cu as #defines (qcp.MAX_ITERS,
+// ...); other kernels get these defaults, which are the same values.
 #ifndef QCP_MAX_ITERS
 #define QCP_MAX_ITERS 60
 #endif

@@ -22,15 +22,6 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def _cpu_threads() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one, else the machine's
-    count); at least 1. The default worker count of the NumPy paths' thread pools."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
 def host_available_bytes() -> int | None:
     """Available host memory in bytes (Linux ``MemAvailable``), or ``None`` where unknown."""
     try:

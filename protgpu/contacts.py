@@ -48,7 +48,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._array import dispatch, get_namespace, is_cupy_array, to_numpy
-from ._memory import _cpu_threads, check_host_fits, device_budget_bytes, rows_per_chunk
+from ._memory import check_host_fits, device_budget_bytes, rows_per_chunk
+from ._threads import cpu_threads
 from .errors import InputError
 
 # The NumPy twin of the kernel (residue_distances_numpy) and its helpers (allowed_pairs, scheme_atoms,
@@ -645,7 +646,7 @@ def residue_distances_numpy(coords, atom_idx, starts, allowed, *, box=None, tile
                 res[f0:f1][(slice(None), *sub)] = m
 
         starts_f = range(0, n_frames, frame_chunk)
-        n_workers = min(len(starts_f), _cpu_threads() if threads is None else max(1, int(threads)))
+        n_workers = min(len(starts_f), cpu_threads() if threads is None else max(1, int(threads)))
         if n_workers > 1:
             # NumPy's ufunc loops release the GIL: frame chunks run in parallel on the cores.
             from concurrent.futures import ThreadPoolExecutor

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from protgpu.errors import InputError
 from protgpu.scoring.tmscore import d0_tmscore
+from protgpu.superpose import pairwise_cpu, pairwise_rmsd, qcp
 
 cs = importlib.import_module("protgpu.scoring.consensus")
-sp = importlib.import_module("protgpu.superpose")
 
 SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]}
 
@@ -58,7 +58,7 @@ def brute_force(x, temperature, d0=None):
 
 def random_rotation(rng):
     q = rng.normal(size=4)
-    return sp._quaternion_to_rotation((q / np.linalg.norm(q))[None])[0]
+    return qcp.quaternion_to_rotation((q / np.linalg.norm(q))[None])[0]
 
 
 def moved(rng, x):
@@ -96,7 +96,7 @@ def test_twin_matches_brute_force(seed, m, n, temperature):
     # The weights are w_ij = softmax_j(z_ij), z = -r^2 / T: float32 RMSDs (relative error <= 2^-24)
     # move each z by at most dz = 2 r^2 2^-24 / T, and w_ij by at most w_ij 2 max|dz| <= r^2 2^-22 / T,
     # which grows with the spread of the models.
-    r2_max = float((sp._pairwise_numpy(x, out_dtype=np.float64) ** 2).max())
+    r2_max = float((pairwise_cpu.pairwise_numpy(x, out_dtype=np.float64) ** 2).max())
     r2_over_t = 0.0 if np.isinf(temperature) else r2_max / temperature
     np.testing.assert_allclose(w, ref_w, rtol=0, atol=2e-6 + r2_over_t * 2.0**-22)
 
@@ -170,7 +170,7 @@ def test_outlier_scores_lowest(adk, base, seed, n_models, temperature, kind):
 def test_large_temperature_gives_mean_similarity(base, seed, m, spread):
     rng = np.random.default_rng(seed)
     x = np.stack([moved(rng, base + rng.normal(scale=spread + 0.1, size=base.shape)) for _ in range(m)])
-    r = sp._pairwise_numpy(x, out_dtype=np.float64)
+    r = pairwise_cpu.pairwise_numpy(x, out_dtype=np.float64)
     sim = 1.0 / (1.0 + (r / d0_tmscore(len(base))) ** 2)
     mean = (sim.sum(axis=1) - 1.0) / (m - 1)  # the diagonal's similarity is 1
     for t in (1e12, np.inf):
@@ -182,7 +182,7 @@ def test_large_temperature_gives_mean_similarity(base, seed, m, spread):
 def test_small_temperature_gives_nearest_neighbour_similarity(base):
     rng = np.random.default_rng(3)
     x = np.stack([moved(rng, base + rng.normal(scale=s, size=base.shape)) for s in (0.2, 0.5, 0.9, 1.4, 2.0)])
-    r = sp._pairwise_numpy(x, out_dtype=np.float64)
+    r = pairwise_cpu.pairwise_numpy(x, out_dtype=np.float64)
     np.fill_diagonal(r, np.inf)
     nearest = 1.0 / (1.0 + (r.min(axis=1) / d0_tmscore(len(base))) ** 2)
     np.testing.assert_allclose(cs.consensus_score(x, temperature=1e-4, device="cpu"), nearest, atol=1e-6)
@@ -199,7 +199,7 @@ def test_weights_rows_sum_to_one_and_give_the_score(base, seed, m, temperature):
     assert w.shape == (m, m) and w.dtype == np.float64
     np.testing.assert_allclose(w.sum(axis=1), 1.0, rtol=0, atol=1e-12)
     assert (np.diag(w) == 0).all() and (w >= 0).all()
-    r = sp.pairwise_rmsd(x, device="cpu").astype(np.float64)
+    r = pairwise_rmsd(x, device="cpu").astype(np.float64)
     sim = 1.0 / (1.0 + (r / d0_tmscore(60)) ** 2)
     np.testing.assert_allclose((w * sim).sum(axis=1), score, rtol=1e-12)
     np.testing.assert_allclose(cs.consensus_score(x, temperature=temperature, device="cpu"), score, rtol=1e-12)

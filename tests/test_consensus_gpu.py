@@ -13,9 +13,9 @@ import pytest
 
 from protgpu.errors import MemoryBudgetError
 from protgpu.scoring.tmscore import d0_tmscore
+from protgpu.superpose import pairwise_cpu, pairwise_rmsd, qcp
 
 cs = importlib.import_module("protgpu.scoring.consensus")
-sp = importlib.import_module("protgpu.superpose")
 
 pytestmark = pytest.mark.gpu
 
@@ -25,7 +25,7 @@ FLOOR = 1e-12
 def reference(x, temperature, d0=None):
     """float64 throughout: RMSDs from the float64 NumPy twin of pairwise_rmsd, then the definition."""
     x = np.asarray(x, dtype=np.float64)
-    r = sp._pairwise_numpy(x, out_dtype=np.float64)
+    r = pairwise_cpu.pairwise_numpy(x, out_dtype=np.float64)
     d0 = float(d0_tmscore(x.shape[1])) if d0 is None else d0
     r2 = r * r
     inv_t = 0.0 if np.isinf(temperature) else 1.0 / temperature
@@ -44,7 +44,7 @@ def assert_parity(gpu_val, cpu_val, ref):
 
 def _rotations(rng, n):
     q = rng.normal(size=(n, 4))
-    return sp._quaternion_to_rotation(q / np.linalg.norm(q, axis=1, keepdims=True))
+    return qcp.quaternion_to_rotation(q / np.linalg.norm(q, axis=1, keepdims=True))
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_tile_kernel_equals_twin(gpu, dtype):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_weights_kernel_equals_twin(gpu, ensemble, dtype):
     x = ensemble[:120]
-    r = sp.pairwise_rmsd(x, device="cpu").astype(dtype)
+    r = pairwise_rmsd(x, device="cpu").astype(dtype)
     state = (np.full(120, -np.inf), np.zeros(120), np.zeros(120))
     cs.tile_update_numpy(r, 0, 0, state, 0.25, 0.04, cs.ROWS)
     from protgpu import _cuda

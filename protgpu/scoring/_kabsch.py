@@ -2,7 +2,7 @@
 search's fits of thousands of masked subsets at once (from sums), and the RMSD of each model's aligned
 pairs after their own fit.
 
-Both solve the problem with the QCP NumPy twin of :mod:`protgpu.superpose` (key-matrix quartic, guarded
+Both solve the problem with the QCP of :mod:`protgpu.superpose.qcp` (key-matrix quartic, guarded
 Newton, the quaternion from the adjugate with the Jacobi fallback for repeated roots), so that the CPU
 has one QCP implementation. What is specific to scoring stays here: fits from sums over masked subsets
 (no coordinates, no sums of squares: Newton starts from the ``sqrt(3) |M|_F`` bound), per-model weights
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..superpose import _DIRECT_TAU, _qcp_full, _qcp_top_quaternion, _quaternion_to_rotation
+from ..superpose import qcp
 
 
 def _check_numpy(xp):
@@ -54,8 +54,8 @@ def superpose_from_sums(n, sx, sy, sxy, xp=np):
     cy = sy / safe[:, None]
     # centred cross-covariance; float64 sums of float32-exact products keep the cancellation harmless
     m = sxy - n[:, None, None] * cx[:, :, None] * cy[:, None, :]
-    q, _ = _qcp_top_quaternion(np.ascontiguousarray(m, dtype=np.float64))
-    rot = _quaternion_to_rotation(q)
+    q, _ = qcp.top_quaternion(np.ascontiguousarray(m, dtype=np.float64))
+    rot = qcp.quaternion_to_rotation(q)
     rot = np.where((n > 0)[:, None, None], rot, np.eye(3)[None])
     trans = cy - np.einsum("sij,sj->si", rot, cx)
     return rot, trans
@@ -101,12 +101,12 @@ def superpose(x, y, weights=None, xp=np):
     m = np.einsum("sni,snj->sij", wxc, yc)
     ga = np.einsum("sni,sni->s", wxc, xc)
     gb = np.einsum("sni,sni,sn->s", yc, yc, w)
-    rmsd, rot = _qcp_full(m, ga, gb, inv_n)
+    rmsd, rot = qcp.rmsd_and_rotation(m, ga, gb, inv_n)
     empty = ~(n > 0)
     rot[empty] = np.eye(3)
     rmsd[empty] = np.nan  # NaN never passes the re-measure test below, so it stays
     trans = cy - np.einsum("sij,sj->si", rot, cx)
-    small = np.flatnonzero(rmsd * rmsd <= _DIRECT_TAU * (ga + gb) * inv_n)
+    small = np.flatnonzero(qcp.near_identical(rmsd, ga + gb, inv_n))
     if small.size:
         d = np.einsum("sij,snj->sni", rot[small], xc[small]) - yc[small]
         rmsd[small] = np.sqrt(np.einsum("sni,sni,sn->s", d, d, w[small]) * inv_n[small])

@@ -434,7 +434,8 @@ def _common_rmsd_cuda(x, y, n_ali):
     import cupy as cp
 
     from .._cuda import launch
-    from ..superpose import _DIRECT_TAU, _kernel
+    from ..superpose.kernels import get as _kernel
+    from ..superpose.qcp import DIRECT_TAU as _DIRECT_TAU
 
     dtype = np.float32 if x.dtype == np.float32 and y.dtype == np.float32 else np.float64
     xs = cp.ascontiguousarray(x, dtype=dtype)

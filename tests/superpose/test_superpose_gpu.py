@@ -5,16 +5,20 @@ rounding level), tiling and streaming, degenerate inputs, array types."""
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 
 from protgpu.errors import InputError
-from protgpu.superpose import pairwise_rmsd, rmsd, superpose
-
-# the module itself (protgpu.superpose the attribute is the function of that name)
-sp = importlib.import_module("protgpu.superpose")
+from protgpu.superpose import (
+    multigpu,
+    pairwise_cpu,
+    pairwise_gpu,
+    pairwise_rmsd,
+    rmsd,
+    streaming,
+    superpose,
+    to_reference,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -135,8 +139,8 @@ def test_pairwise_parity_adk(gpu, adk, precision, sel):
     assert d_gpu.dtype == np.float32
     assert (d_gpu == d_gpu.T).all() and (np.diag(d_gpu) == 0).all()
     # float32 output rounds both the same way: compare in float64 outputs for the parity rule
-    g64 = sp._pairwise_cuda(x, precision=precision, out_dtype=np.float64)
-    c64 = sp._pairwise_numpy(x, precision=precision, out_dtype=np.float64)
+    g64 = pairwise_gpu.pairwise_cuda(x, precision=precision, out_dtype=np.float64)
+    c64 = pairwise_cpu.pairwise_numpy(x, precision=precision, out_dtype=np.float64)
     assert_parity(g64, c64, ref)
     assert np.abs(d_gpu - ref).max() <= (1e-4 if precision == "float64" else 1e-3)
     np.testing.assert_allclose(d_gpu, d_cpu, atol=1e-4 if precision == "float64" else 1e-3)
@@ -148,20 +152,20 @@ def test_pairwise_tiles_resident_and_streamed(gpu, adk, tile, tmp_path):
 
     x = adk.coords[:, adk.select_indices("ca")]
     y = adk.coords[:13, adk.select_indices("ca")]
-    full = sp._pairwise_cuda(x)
-    np.testing.assert_allclose(sp._pairwise_cuda(x, tile=tile), full, atol=1e-6)
-    np.testing.assert_allclose(squareform(sp._pairwise_cuda(x, tile=tile, condensed=True), checks=False), full,
+    full = pairwise_gpu.pairwise_cuda(x)
+    np.testing.assert_allclose(pairwise_gpu.pairwise_cuda(x, tile=tile), full, atol=1e-6)
+    np.testing.assert_allclose(squareform(pairwise_gpu.pairwise_cuda(x, tile=tile, condensed=True), checks=False), full,
                                atol=1e-6)
-    xy = sp._pairwise_numpy(x, y)
-    np.testing.assert_allclose(sp._pairwise_cuda(x, y, tile=tile), xy, atol=1e-5)
+    xy = pairwise_cpu.pairwise_numpy(x, y)
+    np.testing.assert_allclose(pairwise_gpu.pairwise_cuda(x, y, tile=tile), xy, atol=1e-5)
     mm = np.lib.format.open_memmap(tmp_path / "d.npy", mode="w+", dtype=np.float32, shape=full.shape)
-    assert sp._pairwise_cuda(x, tile=tile, out=mm) is mm
+    assert pairwise_gpu.pairwise_cuda(x, tile=tile, out=mm) is mm
     np.testing.assert_allclose(np.load(tmp_path / "d.npy"), full, atol=1e-6)
     cond = np.zeros(98 * 97 // 2, np.float64)
-    sp._pairwise_cuda(x, tile=tile, out=cond, condensed=True)
+    pairwise_gpu.pairwise_cuda(x, tile=tile, out=cond, condensed=True)
     np.testing.assert_allclose(squareform(cond, checks=False), full, atol=1e-6)
     out_xy = np.zeros((98, 13), np.float32)
-    sp._pairwise_cuda(x, y, tile=tile, out=out_xy)
+    pairwise_gpu.pairwise_cuda(x, y, tile=tile, out=out_xy)
     np.testing.assert_allclose(out_xy, xy, atol=1e-5)
 
 
@@ -177,13 +181,13 @@ def test_pairwise_budget_streams_and_cupy_refuses(gpu, adk, monkeypatch):
     # output tiles, slack; see _gpu_tile_size): the 98 x 98 result streams to the host in 15 tiles.
     monkeypatch.setenv("PROTGPU_GPU_MEMORY_BUDGET", str(8 * (3 * f * n + 2 * f) + 96 * 24**2))
     tiles = []
-    real_qcp = sp._PairPlan.qcp
+    real_qcp = pairwise_gpu.PairPlan.qcp
 
     def counting_qcp(self, blocks, p0, i0, i1, j0, j1, *rest):
         tiles.append((i0, i1, j0, j1))
         return real_qcp(self, blocks, p0, i0, i1, j0, j1, *rest)
 
-    monkeypatch.setattr(sp._PairPlan, "qcp", counting_qcp)
+    monkeypatch.setattr(pairwise_gpu.PairPlan, "qcp", counting_qcp)
     np.testing.assert_allclose(pairwise_rmsd(x, device="gpu"), expect, atol=1e-6)  # streamed to host
     assert len(tiles) > 1, tiles  # 15 tiles of 24 frames with the sizes above
     with pytest.raises(MemoryBudgetError, match="out="):
@@ -201,11 +205,11 @@ def test_pairwise_strips_many_frames(gpu, precision):
     base = rng.normal(size=(37, 3)) * 8
     x = base + rng.normal(size=(700, 37, 3))
     for xx in (x.astype(np.float32), x):
-        d = sp._pairwise_cuda(xx, precision=precision, out_dtype=np.float64)
-        c = sp._pairwise_numpy(xx, precision=precision, out_dtype=np.float64)
+        d = pairwise_gpu.pairwise_cuda(xx, precision=precision, out_dtype=np.float64)
+        c = pairwise_cpu.pairwise_numpy(xx, precision=precision, out_dtype=np.float64)
         np.testing.assert_allclose(d, c, atol=1e-9 if precision == "float64" else 2e-4)
         assert (d == d.T).all() and (np.diag(d) == 0).all()
-        cond = sp._pairwise_cuda(xx, precision=precision, condensed=True, out_dtype=np.float64)
+        cond = pairwise_gpu.pairwise_cuda(xx, precision=precision, condensed=True, out_dtype=np.float64)
         np.testing.assert_allclose(cond, d[np.triu_indices(700, 1)], atol=1e-12)
 
 
@@ -218,14 +222,14 @@ def test_pairwise_tiles_generator(gpu, adk, tile):
     ca = adk.select_indices("ca")
     masses = np.where(adk.atoms.element[ca] == "H", 1.008, 12.0)
     for xin, kw in ((x, {"fit": ca}), (cp.asarray(x), {"fit": ca, "weights": masses})):
-        full = sp._pairwise_cuda(x, fit=ca, weights=kw.get("weights"), out_dtype=np.float64)
+        full = pairwise_gpu.pairwise_cuda(x, fit=ca, weights=kw.get("weights"), out_dtype=np.float64)
         seen = []
-        for i0, i1, j0, j1, r in sp._pairwise_tiles_cuda(xin, tile=tile, out_dtype=np.float64, **kw):
+        for i0, i1, j0, j1, r in pairwise_gpu.pairwise_tiles_cuda(xin, tile=tile, out_dtype=np.float64, **kw):
             assert isinstance(r, cp.ndarray) and r.shape == (i1 - i0, j1 - j0) and r.flags.c_contiguous
             assert j0 >= i0
             np.testing.assert_allclose(r.get(), full[i0:i1, j0:j1], atol=1e-12)
             seen.append((i0, j0))
-        assert seen == [(i0, j0) for i0, _i1, j0, _j1 in sp._tiles(61, 61, tile or 61, True)]
+        assert seen == [(i0, j0) for i0, _i1, j0, _j1 in streaming.tiles(61, 61, tile or 61, True)]
 
 
 def test_degenerate_inputs_gpu(gpu):
@@ -272,16 +276,16 @@ def test_pairwise_devices_spread_equals_one_gpu(gpu, condensed):
     rng = np.random.default_rng(5)
     x = (rng.normal(size=(70, 40, 3)) * 6).astype(np.float32)
     shape = (70 * 69 // 2,) if condensed else (70, 70)
-    one = sp._pairwise_cuda(x, tile=16, condensed=condensed, out=np.zeros(shape, np.float32))  # streamed
+    one = pairwise_gpu.pairwise_cuda(x, tile=16, condensed=condensed, out=np.zeros(shape, np.float32))  # streamed
     n_gpu = gpu.cuda.runtime.getDeviceCount()
     ids = list(range(n_gpu)) if n_gpu > 1 else [0, 0]
-    spread = sp._pairwise_multi_gpu(x, None, fit=None, weights=None, precision="float64", out=None,
+    spread = multigpu.pairwise_multi_gpu(x, None, fit=None, weights=None, precision="float64", out=None,
                                     condensed=condensed, devices=ids, tile=16)
     assert np.array_equal(spread, one)  # same tiles and GEMM panels, whichever device ran them
     if condensed:  # row strips written as contiguous blocks of the condensed vector
-        strips = sp._pairwise_multi_gpu(x, None, fit=None, weights=None, precision="float64", out=None,
+        strips = multigpu.pairwise_multi_gpu(x, None, fit=None, weights=None, precision="float64", out=None,
                                         condensed=True, devices=ids)
-        one_strips = sp._pairwise_cuda(x, condensed=True, out=np.zeros(shape, np.float32))
+        one_strips = pairwise_gpu.pairwise_cuda(x, condensed=True, out=np.zeros(shape, np.float32))
         assert np.array_equal(strips, one_strips)
         np.testing.assert_allclose(strips, one, atol=1e-5)
     np.testing.assert_allclose(pairwise_rmsd(x, condensed=condensed, devices="all"),
@@ -299,11 +303,11 @@ def test_pairwise_condensed_into_page_locked_memory(gpu):
     rng = np.random.default_rng(13)
     x = (rng.normal(size=(300, 25, 3)) * 6).astype(np.float32)
     n = 300 * 299 // 2
-    pageable = sp._pairwise_cuda(x, condensed=True, out=np.zeros(n, np.float32))
+    pageable = pairwise_gpu.pairwise_cuda(x, condensed=True, out=np.zeros(n, np.float32))
     pinned = cupyx.empty_pinned(n, dtype=np.float32)
     pinned[:] = np.nan
-    assert sp._page_locked(pinned) and not sp._page_locked(np.zeros(n, np.float32))
-    assert sp._pairwise_cuda(x, condensed=True, out=pinned) is pinned  # the same strips and panels
+    assert streaming.page_locked(pinned) and not streaming.page_locked(np.zeros(n, np.float32))
+    assert pairwise_gpu.pairwise_cuda(x, condensed=True, out=pinned) is pinned  # the same strips and panels
     assert np.array_equal(pinned, pageable)
     spread = pairwise_rmsd(x, condensed=True, out=np.zeros(n, np.float32), devices="all")
     pinned[:] = np.nan
@@ -352,8 +356,8 @@ def check_superpose_for_sanitizer() -> None:
         fit = np.arange(0, 29, 3)
         for kw in ({}, {"fit": fit, "w_fit": w[fit]}):
             ref = (y if "fit" not in kw else y[fit], None)
-            got = sp._rmsd_cuda(x, ref, **kw, want_coords=True)
-            want = sp._rmsd_numpy(x, ref, **kw, want_coords=True)
+            got = to_reference.rmsd_cuda(x, ref, **kw, want_coords=True)
+            want = to_reference.rmsd_numpy(x, ref, **kw, want_coords=True)
             assert np.allclose(got[0].get(), want[0], atol=1e-8), ("rmsd", dtype, kw.keys())
             assert np.allclose(got[1].get(), want[1], atol=1e-8), ("rotation", dtype, kw.keys())
             assert np.allclose(got[2].get(), want[2], atol=1e-6), ("translation", dtype, kw.keys())
@@ -363,31 +367,31 @@ def check_superpose_for_sanitizer() -> None:
         x[4], x[9] = line, line[::-1] * 1.02 + 1  # qcp_refine_* has work
         y = (rng.normal(size=(7, 13, 3)) * 4).astype(in_dtype)
         for precision in ("float64", "float32"):  # qcp_pairs_b64_* / b32_*, centre_frames_*_b64 / b32
-            twin = sp._pairwise_numpy(x, precision=precision, out_dtype=np.float64)
-            twin_xy = sp._pairwise_numpy(x, y, precision=precision, out_dtype=np.float64)
+            twin = pairwise_cpu.pairwise_numpy(x, precision=precision, out_dtype=np.float64)
+            twin_xy = pairwise_cpu.pairwise_numpy(x, y, precision=precision, out_dtype=np.float64)
             for out_dtype in (np.float32, np.float64):  # *_o32 / *_o64
-                d = sp._pairwise_cuda(x, precision=precision, out_dtype=out_dtype)  # resident strips, mirrored
+                d = pairwise_gpu.pairwise_cuda(x, precision=precision, out_dtype=out_dtype)  # resident strips, mirrored
                 assert np.allclose(d, twin, atol=1e-5), ("strips", precision, out_dtype)
-                c = sp._pairwise_cuda(x, precision=precision, tile=9, out_dtype=out_dtype, condensed=True)
+                c = pairwise_gpu.pairwise_cuda(x, precision=precision, tile=9, out_dtype=out_dtype, condensed=True)
                 assert np.allclose(c, twin[np.triu_indices(23, 1)], atol=1e-5), ("condensed", precision)
-                assert np.allclose(sp._pairwise_cuda(x, y, precision=precision, tile=9, out_dtype=out_dtype),
+                assert np.allclose(pairwise_gpu.pairwise_cuda(x, y, precision=precision, tile=9, out_dtype=out_dtype),
                                    twin_xy, atol=1e-5), ("x-y", precision)
                 out = np.zeros((23, 23), out_dtype)
-                sp._pairwise_cuda(x, precision=precision, tile=9, out=out)
+                pairwise_gpu.pairwise_cuda(x, precision=precision, tile=9, out=out)
                 assert np.allclose(out, twin, atol=1e-5), ("streamed", precision, out_dtype)
             seen = np.zeros((23, 23), bool)
-            for i0, i1, j0, j1, r in sp._pairwise_tiles_cuda(x, precision=precision, tile=9):
+            for i0, i1, j0, j1, r in pairwise_gpu.pairwise_tiles_cuda(x, precision=precision, tile=9):
                 assert np.allclose(r.get(), twin[i0:i1, j0:j1], atol=1e-5), ("tiles", precision, i0, j0)
                 seen[i0:i1, j0:j1] = True
             assert seen[np.triu_indices(23)].all()
             strips = np.zeros(23 * 22 // 2, np.float32)  # condensed row strips streamed to the host
-            sp._pairwise_cuda(x, precision=precision, out=strips, condensed=True)
+            pairwise_gpu.pairwise_cuda(x, precision=precision, out=strips, condensed=True)
             assert np.allclose(strips, twin[np.triu_indices(23, 1)], atol=1e-5), ("strips", precision)
             locked = cupyx.empty_pinned(23 * 22 // 2, dtype=np.float32)  # written by the copy engine
-            sp._pairwise_cuda(x, precision=precision, out=locked, condensed=True)
+            pairwise_gpu.pairwise_cuda(x, precision=precision, out=locked, condensed=True)
             assert np.array_equal(locked, strips), ("page-locked strips", precision)
             # two host threads sharing one GPU exercise the multi-GPU path (shared row-tile queue)
-            multi = sp._pairwise_multi_gpu(x, None, fit=None, weights=None, precision=precision, out=None,
+            multi = multigpu.pairwise_multi_gpu(x, None, fit=None, weights=None, precision=precision, out=None,
                                            condensed=True, devices=[0, 0], tile=9)
             assert np.allclose(multi, twin[np.triu_indices(23, 1)], atol=1e-5), ("multi", precision)
     # aligned_rmsd_* (the scores' RMSD column)
