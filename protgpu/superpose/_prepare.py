@@ -1,7 +1,6 @@
-"""Input resolution of :mod:`protgpu.superpose`: coordinates from Structures, lists of Structures,
-mdtraj trajectories (nm -> Angstrom) and arrays; shape and finiteness checks; ``fit=`` / ``atoms=``
-selections and weights; the lined-up reference of :func:`prepare`. Kept in one place so that a
-repository-wide input front door can replace it.
+"""Input preparation of :mod:`protgpu.superpose`: the inputs come through the front door
+(:mod:`protgpu._inputs`); here are the ``fit=`` / ``atoms=`` selections and weights and the lined-up
+reference of :func:`prepare`.
 """
 
 from __future__ import annotations
@@ -10,69 +9,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._array import dispatch, is_cupy_array, to_numpy
+from .._array import dispatch, to_numpy
+from .._inputs import check_finite, check_shape, coordinates, host_view
 from ..errors import InputError
 
 
-def is_structure(x) -> bool:
-    """Whether ``x`` is a protgpu Structure (duck-typed: coords, select_indices, atoms)."""
-    return hasattr(x, "coords") and hasattr(x, "select_indices") and hasattr(x, "atoms")
-
-
-def _source(x, what: str) -> str:
-    return getattr(x, "source", None) or what
-
-
 def frames_of(obj, what: str):
-    """``(coords, structure, name)``: coordinates (any array type, (F, N, 3) or (N, 3)) of a
-    Structure, a list of Structures (stacked as frames), an mdtraj Trajectory (nm -> Angstrom) or an
-    array."""
-    if is_structure(obj):
-        return obj.coords, obj, _source(obj, what)
-    if isinstance(obj, (list, tuple)) and obj and all(is_structure(s) for s in obj):
-        n = {s.n_atoms for s in obj}
-        if len(n) != 1:
-            raise InputError(f"{what}: the structures in the list have different atom counts {sorted(n)}")
-        return np.concatenate([s.coords for s in obj]), obj[0], _source(obj[0], what)
-    if (type(obj).__module__ or "").startswith("mdtraj") and hasattr(obj, "xyz"):
-        return np.asarray(obj.xyz, dtype=np.float32) * np.float32(10.0), None, what
-    return obj, None, what
-
-
-def check_shape(shape, name: str):
-    """InputError unless ``shape`` is (atoms, 3) or (frames, atoms, 3) with atoms and frames."""
-    if len(shape) not in (2, 3) or shape[-1] != 3:
-        raise InputError(f"{name}: coordinates must have shape (atoms, 3) or (frames, atoms, 3), got {tuple(shape)}")
-    if shape[-2] == 0:
-        raise InputError(f"{name}: no atoms")
-    if len(shape) == 3 and shape[0] == 0:
-        raise InputError(f"{name}: no frames")
-
-
-def host_coords(x, name: str):
-    """A NumPy view of host input (for validation) or None for device arrays."""
-    if is_cupy_array(x) or (hasattr(x, "is_cuda") and getattr(x, "is_cuda", False)):
-        return None
-    if hasattr(x, "detach"):
-        return x.detach().numpy()
-    a = np.asarray(x)
-    if a.dtype.kind not in "fiu":
-        raise InputError(f"{name}: coordinates must be numeric, got dtype {a.dtype}")
-    return a
-
-
-def check_finite(a: np.ndarray | None, name: str, atoms=None):
-    """InputError naming the first frame with a NaN/inf coordinate (host arrays only: checking device
-    arrays would synchronise the caller's stream; NaN there propagates into NaN results)."""
-    if a is None or a.dtype.kind != "f":
-        return
-    a3 = a if a.ndim == 3 else a[None]
-    if atoms is not None:
-        a3 = a3[:, atoms]
-    bad = ~np.isfinite(a3).all(axis=(1, 2))
-    if bad.any():
-        f = int(np.argmax(bad))
-        raise InputError(f"{name}: NaN or infinite coordinates in frame {f}")
+    """``(coords, structure, name)`` of any input form, through the front door
+    (:func:`protgpu._inputs.coordinates`): coordinates (any array type, (F, N, 3) or (N, 3)),
+    the Structure they follow (None for bare arrays) and the input's name for messages."""
+    c = coordinates(obj, what)
+    return c.array, c.structure, c.name
 
 
 def resolve_selection(sel, struct, n_atoms: int, name: str, kind: str, other=None):
@@ -185,7 +132,7 @@ def prepare(mobile, reference, fit, atoms, weights, ref_frame, device, *, need_r
         what = "superposition" if need_rotation else "measuring on other atoms than the fitted ones"
         raise InputError(f"{what} needs at least 3 fitted atoms, got {nf_m}: with 1 or 2 atoms the rotation "
                          "is not unique (rmsd() without atoms= accepts them)")
-    host = host_coords(mob, mob_name)
+    host = host_view(mob, mob_name)
     used = None
     if not need_rotation and fit_m is not None:
         used = fit_m if meas_m is None else np.union1d(fit_m, meas_m)

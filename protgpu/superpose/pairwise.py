@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from .._array import dispatch, is_cupy_array, to_numpy
+from .._inputs import check_finite, check_shape, host_view
 from ..errors import InputError
-from ._prepare import check_finite, check_shape, frames_of, host_coords, resolve_selection, resolve_weights
+from ._prepare import frames_of, resolve_selection, resolve_weights
 from .multigpu import device_ids, pairwise_multi_gpu
 from .pairwise_cpu import pairwise_numpy
 from .pairwise_gpu import pairwise_cuda
@@ -101,11 +102,11 @@ def pairwise_rmsd(x, y=None, *, fit=None, weights=None, out=None, precision: str
     if condensed and y is not None:
         raise InputError("condensed=True needs y=None (a condensed vector holds one symmetric matrix)")
     xa, xs, xname = frames_of(x, "x")
-    be = dispatch(xa, None if y is None else frames_of(y, "y")[0], device=device)
+    ya, ys, yname = frames_of(y, "y") if y is not None else (None, None, None)
+    be = dispatch(xa, ya, device=device)
     xshape = tuple(getattr(xa, "shape", None) or np.shape(xa))
     check_shape(xshape, xname)
     if y is not None:
-        ya, ys, yname = frames_of(y, "y")
         yshape = tuple(getattr(ya, "shape", None) or np.shape(ya))
         check_shape(yshape, yname)
     n_x = xshape[-2]
@@ -123,7 +124,7 @@ def pairwise_rmsd(x, y=None, *, fit=None, weights=None, out=None, precision: str
     check_names = []
 
     def frames(arr, shape, name, sel):
-        host = host_coords(arr, name)
+        host = host_view(arr, name)
         if not be.on_gpu:
             check_finite(host, name, sel)
         check_names.append(name if be.on_gpu and host is not None and host.dtype.kind == "f" else None)

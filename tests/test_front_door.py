@@ -1,0 +1,146 @@
+"""Every public function x every input form (the front door, ``protgpu._inputs``).
+
+One conformational ensemble (three frames of adenylate kinase's CA atoms) is passed in each form that
+``docs/concepts.rst`` promises. Each function must give the same answer for every form, or, where a
+form lacks what the function needs (atom names for contacts), the same clear error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import protgpu as pg
+from protgpu._array import to_numpy
+from protgpu.errors import InputError
+
+N_FRAMES = 3
+
+
+@pytest.fixture(scope="module")
+def ensemble(datasets, tmp_path_factory):
+    """(three-frame CA Structure, one-frame reference Structure, folder with its files)."""
+    ca = pg.load(datasets / "adk_open.pdb").select("ca")
+    rng = np.random.default_rng(7)
+    x0 = ca.coords[0].astype(np.float64)
+    frames = [x0 + rng.normal(scale=s, size=x0.shape) for s in (0.0, 0.8, 1.6)]
+    # PDB precision (3 decimals), so that files and arrays hold the same numbers
+    coords = np.round(np.stack(frames), 3).astype(np.float32)
+    s3 = pg.Structure(coords, ca.atoms, source="ensemble")
+    ref = pg.Structure(np.round(x0 + rng.normal(scale=1.2, size=x0.shape), 3)[None].astype(np.float32),
+                       ca.atoms, source="ref")
+    folder = tmp_path_factory.mktemp("forms")
+    pg.save(s3, folder / "ensemble.pdb")
+    for i in range(N_FRAMES):
+        pg.save(s3.frames(i), folder / f"frame{i}.pdb")
+    return s3, ref, folder
+
+
+def _mdtraj(path):
+    md = pytest.importorskip("mdtraj")
+    return md.load(str(path))
+
+
+def _biopython(path):
+    from Bio.PDB import PDBParser
+
+    return PDBParser(QUIET=True).get_structure("ens", str(path))
+
+
+def _torch(a):
+    torch = pytest.importorskip("torch")
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+FORMS = {
+    "Structure": lambda s, f: s,
+    "str path": lambda s, f: str(f / "ensemble.pdb"),
+    "pathlib.Path": lambda s, f: f / "ensemble.pdb",
+    "mdtraj.Trajectory": lambda s, f: _mdtraj(f / "ensemble.pdb"),
+    "Bio.PDB Structure": lambda s, f: _biopython(f / "ensemble.pdb"),
+    "list of Structures": lambda s, f: [s.frames(i) for i in range(N_FRAMES)],
+    "list of paths": lambda s, f: [str(f / f"frame{i}.pdb") for i in range(N_FRAMES)],
+    "ndarray (frames, atoms, 3)": lambda s, f: s.coords.copy(),
+    "float64 ndarray": lambda s, f: s.coords.astype(np.float64),
+    "torch tensor": lambda s, f: _torch(s.coords),
+    "list of arrays": lambda s, f: [s.coords[i] for i in range(N_FRAMES)],
+}
+TOPOLOGY_FORMS = {"Structure", "str path", "pathlib.Path", "mdtraj.Trajectory", "Bio.PDB Structure",
+                  "list of Structures", "list of paths"}
+
+
+def _contacts(x, ref):
+    return pg.contacts(x, scheme="ca", cutoff=8.0, device="cpu").distances
+
+
+def _native(x, ref):
+    return pg.native_contacts(x, ref, selection="ca", cutoff=8.0, device="cpu").fraction
+
+
+# name -> (call(form, reference Structure) -> array, needs atom tables)
+FUNCTIONS = {
+    "distances": (lambda x, ref: pg.distances(x, device="cpu"), False),
+    "rmsd": (lambda x, ref: pg.rmsd(x, ref, device="cpu"), False),
+    "superpose": (lambda x, ref: pg.superpose(x, ref, device="cpu").rmsd, False),
+    "pairwise_rmsd": (lambda x, ref: pg.pairwise_rmsd(x, device="cpu"), False),
+    "tm_score": (lambda x, ref: pg.tm_score(x, ref, device="cpu").tm, False),
+    "gdt": (lambda x, ref: np.asarray(pg.gdt(x, ref, device="cpu")), False),
+    "lddt": (lambda x, ref: pg.lddt(x, ref), False),
+    "consensus_score": (lambda x, ref: pg.consensus_score(x, device="cpu"), False),
+    "contacts": (_contacts, True),
+    "native_contacts": (_native, True),
+}
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("fn", list(FUNCTIONS))
+def test_every_function_takes_every_form(fn, form, ensemble):
+    s3, ref, folder = ensemble
+    call, needs_atoms = FUNCTIONS[fn]
+    x = FORMS[form](s3, folder)
+    if needs_atoms and form not in TOPOLOGY_FORMS:
+        with pytest.raises(InputError, match=r"no atom names or residues; pass a Structure"):
+            call(x, ref)
+        return
+    expected = np.asarray(to_numpy(call(s3, ref)), dtype=np.float64)
+    got = np.asarray(to_numpy(call(x, ref)), dtype=np.float64)
+    assert got.shape == expected.shape
+    # mdtraj holds nanometres in float32: its Angstrom differ from the file's in the 7th digit
+    np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-4 if "mdtraj" in form else 1e-5)
+
+
+BAD = {
+    "NaN": (lambda a: _poke(a, np.nan), r"NaN or infinite coordinates in frame 1 \(atom 4\)"),
+    "inf": (lambda a: _poke(a, -np.inf), r"NaN or infinite coordinates in frame 1 \(atom 4\)"),
+    "1e30": (lambda a: _poke(a, 1e30), r"coordinates beyond ±1e\+06 Angstrom in frame 1 \(atom 4\)"),
+    "strings": (lambda a: a.astype(str), r"coordinates must be numeric"),
+    "complex": (lambda a: a.astype(np.complex64), r"coordinates must be real numbers"),
+    # a list is frames to distances, models to the scores (where the second model has 5 atoms, not 214)
+    "ragged list": (lambda a: [a[0], a[1][:5]], r"(ragged|different shapes|must have its 214 atoms, got 5)"),
+}
+
+
+def _poke(a, value):
+    a = a.astype(np.float64)
+    a[1, 4, 2] = value
+    return a
+
+
+# rmsd() checks its (F,) result instead of the coordinates (see its docstring): a NaN surfaces there
+BAD_FUNCTIONS = ["distances", "superpose", "pairwise_rmsd", "tm_score", "gdt", "lddt", "consensus_score"]
+
+
+@pytest.mark.parametrize("bad", list(BAD))
+@pytest.mark.parametrize("fn", BAD_FUNCTIONS)
+def test_every_function_gives_the_same_error(fn, bad, ensemble):
+    s3, ref, _ = ensemble
+    make, message = BAD[bad]
+    with pytest.raises(InputError, match=message):
+        FUNCTIONS[fn][0](make(s3.coords), ref)
+
+
+def test_unknown_type_is_named(ensemble):
+    s3, ref, _ = ensemble
+    for fn in ("distances", "rmsd", "pairwise_rmsd", "tm_score", "lddt", "consensus_score", "contacts"):
+        with pytest.raises(InputError, match=r"expected a Structure, a file path, .*; got dict"):
+            FUNCTIONS[fn][0]({"x": 1}, ref)
