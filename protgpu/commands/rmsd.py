@@ -8,7 +8,7 @@
     All-vs-all RMSD of the frames of all inputs (trajectories, multi-model files, or many
     single-structure files with the same atoms after selection), stacked in input order.
 
-``rmsd`` runs through the batch engine (:class:`protgpu.jobs.RmsdJob`): a table ``--out`` (``.csv``,
+``rmsd`` runs through the batch engine (:class:`protgpu.batch.RmsdJob`): a table ``--out`` (``.csv``,
 ``.jsonl``, ``.parquet``; columns input, frame, rmsd_angstrom) is journaled input by input, so
 ``--resume``, ``--shard`` and the Dask options apply. ``.npy`` (the RMSD vector) and ``.npz``
 (rmsd, input, frame) are one piece over all frames: written after the last input, with a manifest but
@@ -30,9 +30,9 @@ import time
 
 import numpy as np
 
+from ..batch.inputs import expand_inputs
 from ..errors import InputError
 from ._batch_options import add_batch_options, job_device, late_device, report_failures, run_job
-from ._inputs import expand_inputs
 
 _RMSD_OUT = (".npy", ".npz", ".csv", ".jsonl", ".parquet")
 _PAIR_OUT = (".npy", ".npz", ".zarr")
@@ -91,9 +91,9 @@ def _load_coords(args, paths):
     """Every input's coordinates after ``--select``, parsed by the batch engine (worker processes,
     ``--keep-going``). An input whose atom count differs from the first readable input's fails like an
     unreadable one. Returns the coordinate arrays of the inputs kept, in input order, and one manifest
-    entry per input (:func:`protgpu.jobs.write_run_record`)."""
+    entry per input (:func:`protgpu.batch.journal.write_run_record`)."""
     from .. import batch
-    from ..jobs import CoordinatesJob
+    from ..batch import CoordinatesJob
 
     if args.jobs is not None and args.jobs < 1:
         raise InputError(f"--jobs {args.jobs}: need at least 1")
@@ -186,9 +186,9 @@ def run_rmsd(args) -> int:
     from dataclasses import replace
     from pathlib import Path
 
-    from ..batch import TABLE_SUFFIXES, parse_shard, shard_path
+    from ..batch import TABLE_SUFFIXES, RmsdJob, parse_shard, shard_path
+    from ..batch.journal import write_run_record
     from ..io import load, save_array
-    from ..jobs import RmsdJob, write_run_record
 
     _check_suffix(args.out, _RMSD_OUT, "--out")
     if args.plot:
@@ -318,8 +318,9 @@ def _gpus(args):
 
 def run_pairwise(args) -> int:
     from .._array import dispatch
+    from ..batch.journal import write_run_record
+    from ..batch.writers import atomic_store, remove_stale_stores, require_zarr
     from ..io import save_array
-    from ..jobs import atomic_store, remove_stale_stores, require_zarr, write_run_record
     from ..superpose import pairwise_rmsd
 
     _check_suffix(args.out, _PAIR_OUT, "--out")

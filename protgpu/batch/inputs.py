@@ -1,10 +1,19 @@
-"""Expanding the CLI's INPUT arguments: paths, globs, directories, ``@list.txt`` files and ``-``."""
+"""The batch engine's inputs: expanding paths, globs, directories, ``@list.txt`` files and ``-`` into
+a list of files (:func:`expand_inputs`), content hashes (:func:`file_sha256`) and shards
+(:func:`parse_shard`, :func:`shard_path`).
+
+Internal API (the engine, the CLI and tests): :func:`has_ext` (the one suffix test of directory
+expansion), :class:`ExpandedInputs`, :func:`input_paths` (what :func:`protgpu.batch.run` does with its
+``inputs``) and :func:`hash_all`.
+"""
 
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import InputError
@@ -13,7 +22,10 @@ STRUCTURE_EXTENSIONS = (".pdb", ".ent", ".cif", ".mmcif", ".pdb.gz", ".ent.gz", 
 TRAJECTORY_EXTENSIONS = (".xtc", ".dcd", ".trr", ".nc", ".netcdf", ".h5", ".lh5", ".binpos", ".mdcrd")
 
 
-def _has_ext(p: str, exts) -> bool:
+# merge: point directory expansion at the one extension table of protgpu/io/formats.py
+def has_ext(p: str, exts) -> bool:
+    """Whether the file name ``p`` ends with one of ``exts`` (any case): the one suffix test of
+    directory expansion (:func:`expand_inputs`)."""
     low = p.lower()
     return any(low.endswith(e) for e in exts)
 
@@ -41,7 +53,7 @@ def _files_under(root: str, extensions) -> list[str]:
             try:
                 if e.is_dir() and not e.is_symlink():
                     stack.append(path)
-                elif _has_ext(e.name, extensions) and e.is_file():
+                elif has_ext(e.name, extensions) and e.is_file():
                     found.append(path)
             except OSError:
                 continue
@@ -112,3 +124,96 @@ def expand_inputs(items, *, extensions=STRUCTURE_EXTENSIONS + TRAJECTORY_EXTENSI
     if not out:
         raise InputError("no input files given")
     return ExpandedInputs(out)
+
+
+def file_sha256(path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes (the manifest's content hash).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    chunk : int
+        Read size, bytes.
+
+    Returns
+    -------
+    str
+        64 hex digits.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from pathlib import Path
+    >>> path = Path(tempfile.mkdtemp()) / "abc.txt"
+    >>> _ = path.write_text("abc")
+    >>> file_sha256(path)
+    'ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad'
+    """
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while True:
+            b = fh.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """Parse ``"i/N"`` (0 <= i < N) into ``(i, N)``.
+
+    Examples
+    --------
+    >>> parse_shard("2/8")
+    (2, 8)
+    """
+    try:
+        a, b = str(text).split("/")
+        i, n = int(a), int(b)
+    except ValueError:
+        raise InputError(f"--shard {text!r}: use i/N, e.g. 0/4 (i counts from 0)") from None
+    if n < 1 or not 0 <= i < n:
+        raise InputError(f"--shard {text!r}: need N >= 1 and 0 <= i < N (i counts from 0: 0/{max(n, 1)} .. "
+                         f"{max(n, 1) - 1}/{max(n, 1)})")
+    return i, n
+
+
+def shard_path(out, i: int, n: int) -> Path:
+    """Output path of shard i of n: ``{shard}`` in the name is replaced by ``i-of-n``; otherwise
+    ``.shard-i-of-n`` goes before the suffix (``scores.csv`` -> ``scores.shard-0-of-4.csv``).
+
+    Examples
+    --------
+    >>> shard_path("scores.csv", 0, 4).as_posix()
+    'scores.shard-0-of-4.csv'
+    >>> shard_path("out/{shard}.npz", 2, 4).as_posix()
+    'out/2-of-4.npz'
+    """
+    p = Path(out)
+    tag = f"{i}-of-{n}"
+    if "{shard}" in p.name:
+        return p.with_name(p.name.replace("{shard}", tag))
+    return p.with_name(f"{p.stem}.shard-{tag}{p.suffix}")
+
+
+def input_paths(inputs) -> list[str]:
+    """The paths :func:`protgpu.batch.iter_results` works on: ``inputs`` expanded by
+    :func:`expand_inputs`, unless they already were (an :class:`ExpandedInputs`)."""
+    if isinstance(inputs, ExpandedInputs):  # the CLI's list, already expanded (and checked): not again
+        return list(inputs)
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    return expand_inputs([str(p) for p in inputs])
+
+
+def hash_all(paths: list[str], jobs: int) -> dict:
+    """``{path: sha256 or None}`` (None: unreadable) of ``paths``, hashed in ``jobs`` threads."""
+    def one(p):
+        try:
+            return p, file_sha256(p)
+        except OSError:
+            return p, None
+
+    with ThreadPoolExecutor(max(1, jobs)) as ex:  # hashlib releases the GIL on large reads
+        return dict(ex.map(one, paths))
+
