@@ -235,8 +235,6 @@ def write_run_record(out, job_name: str, options: dict, entries: list) -> tuple[
     (pathlib.Path, pathlib.Path or None)
         The manifest, and the errors file (None when no input failed; an old one is removed).
     """
-    from ..batch import write_errors, write_output
-
     out = Path(str(out).rstrip("/"))
     manifest = out.with_name(out.name + ".manifest.jsonl")
     head = {"kind": "header", "format": MANIFEST_FORMAT, "job": job_name,

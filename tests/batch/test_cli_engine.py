@@ -20,10 +20,11 @@ import pytest
 
 import protgpu as pg
 from protgpu import batch
+from protgpu.batch.inputs import expand_inputs
+from protgpu.batch.jobs import ContactsJob, RmsdJob
+from protgpu.batch.writers import atomic_store, write_zarr
 from protgpu.cli import main
-from protgpu.commands._inputs import expand_inputs
 from protgpu.errors import InputError
-from protgpu.jobs import ContactsJob, RmsdJob, atomic_store, write_zarr
 
 try:  # the test extra installs zarr (3.x, Python >= 3.11); only the .zarr tests need it
     import zarr
