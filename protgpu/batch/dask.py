@@ -76,6 +76,15 @@ def _plan_batches(todo: list, batch_size: int) -> list[list]:
 
 def iter_dask(job: Job, todo: list, *, scheduler, workers, gpus, batch_size: int,
                log) -> Iterator[list[InputResult]]:
+    """Yield lists of results, one list per batch, from a Dask cluster (``scheduler``, ``workers`` or
+    ``gpus``, one of them; see :func:`protgpu.batch.iter_results`). A batch whose task killed its worker
+    is retried input by input; an input that kills a worker alone is a failed result.
+
+    Raises
+    ------
+    InputError
+        Dask (or dask-cuda for ``gpus``) is not installed, or more than one cluster option is given.
+    """
     with _dask_client(scheduler, workers, gpus) as client:
         from distributed import as_completed
 

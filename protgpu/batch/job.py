@@ -103,6 +103,13 @@ def warm_device(device: str, on_gpu: Callable[[], object] | None = None) -> bool
 
 
 def apply_selection(s, select: str | None, path: str):
+    """``s.select(select)`` (``s`` itself when ``select`` is empty).
+
+    Raises
+    ------
+    InputError
+        The selection matches no atom; the message names ``path``.
+    """
     if not select:
         return s
     out = s.select(select)
@@ -155,6 +162,13 @@ class FunctionJob(Job):
 
 
 def as_job(job) -> Job:
+    """``job`` itself when it is a :class:`Job`, a :class:`FunctionJob` of it when it is callable.
+
+    Raises
+    ------
+    InputError
+        Neither.
+    """
     if isinstance(job, Job):
         return job
     if callable(job):

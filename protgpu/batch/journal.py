@@ -52,6 +52,7 @@ class Store:
 
     @staticmethod
     def key(path: str) -> str:
+        """The manifest key of an input: its absolute path."""
         return os.path.abspath(path)
 
     # -- reading -------------------------------------------------------------------------------
@@ -100,6 +101,8 @@ class Store:
         return True
 
     def done(self, path: str, sha: str | None) -> dict | None:
+        """The manifest entry of ``path`` when it is ``ok`` with content ``sha`` (and its part file
+        exists): the input need not run again. None otherwise."""
         e = self.entries.get(self.key(path))
         if e is None or e.get("status") != "ok" or sha is None or e.get("sha256") != sha:
             return None
@@ -108,6 +111,7 @@ class Store:
         return e
 
     def arrays_of(self, e: dict) -> dict:
+        """The arrays of a journaled entry, read from its part file (empty when it has none)."""
         if not e.get("part"):
             return {}
         slot = e["slot"]

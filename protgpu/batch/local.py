@@ -86,6 +86,8 @@ def _parse_chunk_in_worker(chunk: list) -> tuple[list, dict]:
 
 @dataclass
 class Parsed:
+    """One parsed input waiting for its batch: position, path, content sha256 and the job's item."""
+
     index: int
     path: str
     sha256: str | None

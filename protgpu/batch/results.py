@@ -135,6 +135,10 @@ class Summary:
 
 @dataclass
 class Failure:
+    """Why one input failed: ``reason`` (one line), ``kind`` (``"input"``: a bad file, ``"oom"``,
+    ``"crash"``: its worker died, ``"fatal"``: stop regardless, ``"error"``: a bug, with the traceback in
+    ``detail``), and the live exception in the process that caught it (dropped when pickled)."""
+
     reason: str
     kind: str  # "input" (bad file), "oom", "crash" (worker died), "fatal" (stop regardless), "error" (bug)
     detail: str = ""  # traceback text for "error"
@@ -155,6 +159,8 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def failure_of(exc: BaseException, path: str) -> Failure:
+    """The :class:`Failure` of ``exc`` raised while processing ``path`` (a prefix ``path: `` is dropped
+    from the reason: the errors file has a column for the path)."""
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     prefix = f"{path}: "
     if msg.startswith(prefix):  # the errors file has its own column for the path
@@ -190,6 +196,7 @@ def raise_for(r: InputResult):
 
 
 def failed_result(index: int, path: str, sha, f: Failure) -> InputResult:
+    """The :class:`InputResult` of a failed input."""
     return InputResult(index, path, "failed", sha, error=f.reason, _failure=f)
 
 
@@ -212,6 +219,14 @@ def _plain(v):
 
 
 def as_result(out) -> Result:
+    """A job's return value for one input (a :class:`Result`, a dict, a list of dicts, an array or None)
+    as a :class:`Result` of JSON-exact row values and C-ordered NumPy arrays.
+
+    Raises
+    ------
+    TypeError
+        Any other return value.
+    """
     if out is None:
         return Result()
     if isinstance(out, Result):

@@ -37,6 +37,13 @@ class OutputError(ProtgpuError, OSError):
 
 
 def check_out_suffix(out: Path) -> str:
+    """The suffix of ``out`` among :data:`TABLE_SUFFIXES` and :data:`ARRAY_SUFFIXES`.
+
+    Raises
+    ------
+    InputError
+        Another suffix.
+    """
     low = out.name.lower()
     for s in TABLE_SUFFIXES + ARRAY_SUFFIXES:
         if low.endswith(s):
@@ -143,7 +150,24 @@ def write_npz(tmp: str, items: Iterable) -> None:
 
 
 def stem_keys(paths: list[str], reserved=("inputs",)) -> list[str]:
-    """One .npz key per input: its file stem (``.gz`` and the extension dropped), made unique."""
+    """One .npz key per input: its file stem (``.gz`` and the extension dropped), made unique.
+
+    Parameters
+    ----------
+    paths : list of str
+    reserved : tuple of str
+        Keys already taken (the ``inputs`` array of an engine's ``.npz``).
+
+    Returns
+    -------
+    list of str
+        One key per path, in order.
+
+    Examples
+    --------
+    >>> stem_keys(["a/x.pdb", "b/x.pdb.gz", "inputs.cif"])
+    ['x', 'x_2', 'inputs_2']
+    """
     used, keys = set(reserved), []
     for p in paths:
         base = os.path.basename(p)
@@ -166,6 +190,8 @@ def _errors_path(out: Path) -> Path:
 # merge: use protgpu.io.write.atomic_path
 @contextlib.contextmanager
 def atomic_in(directory: Path, name: str):
+    """Context manager yielding a temporary path ``directory/.NAME.<random>.tmp`` that replaces
+    ``directory/name`` on success and is removed on an exception."""
     tmp = directory / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         yield str(tmp)
@@ -177,6 +203,8 @@ def atomic_in(directory: Path, name: str):
 
 
 def write_errors(out: Path, failed: list) -> Path | None:
+    """Write ``OUT.errors.tsv`` (``input``, ``sha256``, ``error`` of each ``(path, sha, error)`` in
+    ``failed``), atomically; with nothing failed, remove an old one and return None."""
     path = _errors_path(out)
     if not failed:
         with contextlib.suppress(FileNotFoundError):

@@ -75,7 +75,7 @@ class ContactsJob(Job):
 
     def warm_up(self) -> None:
         """Decide ``device="auto"`` once the engine's parse workers have started
-        (:func:`protgpu.batch.warm_device`); on the GPU also load the contact-map kernel (Structures hold
+        (:func:`protgpu.batch.job.warm_device`); on the GPU also load the contact-map kernel (Structures hold
         float32 coordinates, so the float32 one), which creates the CUDA context while the workers parse."""
         def load_kernel():
             from ... import _cuda

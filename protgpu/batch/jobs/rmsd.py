@@ -122,7 +122,7 @@ class RmsdJob(Job):
 
     def warm_up(self) -> None:
         """Decide ``device="auto"`` once the engine's parse workers have started
-        (:func:`protgpu.batch.warm_device`); on the GPU also take the RMSD of the reference to itself,
+        (:func:`protgpu.batch.job.warm_device`); on the GPU also take the RMSD of the reference to itself,
         which creates the CUDA context and loads the QCP kernels while the workers parse."""
         from ...superpose import rmsd
 
