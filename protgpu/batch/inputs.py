@@ -67,6 +67,23 @@ def expand_inputs(items, *, extensions=STRUCTURE_EXTENSIONS + TRAJECTORY_EXTENSI
     ``@file`` reads one path per line (blank lines and ``#`` comments skipped); ``-`` reads that list
     from standard input; a directory is searched recursively for files with ``extensions``; anything
     with ``*``, ``?`` or ``[`` is a glob. A path that does not exist is an error naming it.
+
+    Parameters
+    ----------
+    items : iterable of str
+        The INPUT arguments.
+    extensions : tuple of str
+        File name endings a directory is searched for (structures and trajectories, ``.gz`` included).
+
+    Returns
+    -------
+    ExpandedInputs
+        The paths (a list), which :func:`protgpu.batch.run` takes without expanding them again.
+
+    Raises
+    ------
+    InputError
+        A path, list file or pattern that names nothing, a directory without a known file, or no input.
     """
     out: list[str] = []
     seen: set[str] = set()

@@ -130,6 +130,8 @@ def run(args) -> int:
     try:
         summary = run_job(args, job, paths, description="contacts", on_result=show)
     except InputError as exc:  # protgpu.contacts checks the parameters: say it with the option names
+        if _cli_words(str(exc)) == str(exc):
+            raise
         raise InputError(_cli_words(str(exc))) from None
     where = job_device(args)[1]
     if args.out and len(paths) == 1 and not args.shard and summary.n_ok == 1:

@@ -181,6 +181,16 @@ def test_contacts_job_from_python_equals_contacts(datasets):
         ContactsJob(scheme="cb")
 
 
+@pytest.mark.parametrize("option, value", [("--cutoff", "-1"), ("--cutoff", "nan"), ("--min-separation", "-2")])
+def test_contacts_bad_parameter_is_one_line_in_cli_words(folder, tmp_path, capsys, option, value):
+    """protgpu.contacts checks its parameters (once); the command names the option, exits 2, writes nothing."""
+    out = tmp_path / "m.npz"
+    assert cli("contacts", folder, option, value, "--device", "cpu", "-o", out) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{option} must be" in err and "Traceback" not in err
+    assert not out.exists()
+
+
 # --------------------------------------------------------------------------------------------------
 # rmsd
 
