@@ -122,8 +122,8 @@ def score_args(folder: Path, ref_path: Path, out: Path, metrics: str, jobs: int 
 
 def run_score(args):
     """What ``protgpu score`` does with ``args``, minus its printing: the engine's Summary."""
+    from protgpu.batch.inputs import expand_inputs
     from protgpu.commands._batch_options import job_device, run_job
-    from protgpu.commands._inputs import expand_inputs
     from protgpu.commands.score import score_job
 
     device, _ = job_device(args)
@@ -252,10 +252,11 @@ def main() -> None:
     import protgpu as pg
     from protgpu import batch
     from protgpu._array import gpu_available
+    from protgpu.batch.local import default_jobs
 
     device = "gpu" if gpu_available() else "cpu"
     cores = os.cpu_count() or 1
-    jobs = args.jobs or batch._default_jobs()
+    jobs = args.jobs or default_jobs()
     anchor_procs = args.anchor_procs or min(16, cores)
     tmp = Path(tempfile.mkdtemp(prefix="bench_batch_"))
     try:

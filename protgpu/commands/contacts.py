@@ -1,7 +1,7 @@
 """``protgpu contacts INPUT... [--scheme] [--cutoff] [--frequency] [--out maps.npz] [--plot map.png]``:
 residue contact maps per input, with a short summary and an optional heatmap.
 
-Inputs run through the batch engine (:mod:`protgpu.batch`, job :class:`protgpu.jobs.ContactsJob`):
+Inputs run through the batch engine (:mod:`protgpu.batch`, job :class:`protgpu.batch.ContactsJob`):
 parsed in worker processes, journaled beside ``--out`` (``OUT.manifest.jsonl``) so that ``--resume``
 picks up a killed run, with ``--keep-going``, ``--shard`` and the Dask options. The ``.npz`` holds
 ``<stem>/<name>`` arrays per input (stems made unique) plus ``inputs``; a run of one input (no
@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 
+from ..batch.inputs import expand_inputs
 from ..errors import InputError
 from ._batch_options import add_batch_options, job_device, late_device, report_failures, run_job
-from ._inputs import expand_inputs
 
 
 def register(sub, common) -> None:
@@ -78,7 +79,7 @@ def _draw(targets: dict, path: str, cm) -> None:
 def _bare_single_input(out: str) -> None:
     """Rewrite the engine's ``<stem>/<name>`` .npz of one input with the plain names (the layout a
     one-input run has always had), atomically, in the engine's deterministic .npz format."""
-    from ..batch import _write_npz, _writing
+    from ..batch.writers import write_npz, write_output
 
     with np.load(out) as z:
         arrays = {k: z[k] for k in z.files}
@@ -87,21 +88,25 @@ def _bare_single_input(out: str) -> None:
         return
     prefix = f"{stems.pop()}/"
     items = [(k[len(prefix):] if k.startswith(prefix) else k, a) for k, a in arrays.items()]
-    _writing(out, lambda tmp: _write_npz(tmp, items))
+    write_output(out, lambda tmp: write_npz(tmp, items))
+
+
+_OPTION_OF = {"cutoff": "--cutoff", "min_separation": "--min-separation"}
+
+
+def _cli_words(message: str) -> str:
+    """A message of :func:`protgpu.contacts` about one of its parameters, with the CLI's option name."""
+    return re.sub(r"\b(cutoff|min_separation) must be", lambda m: f"{_OPTION_OF[m.group(1)]} must be", message)
 
 
 def run(args) -> int:
-    from ..batch import stem_keys
-    from ..jobs import ContactsJob
+    from ..batch import ContactsJob
+    from ..batch.writers import stem_keys
 
     if args.out and not args.out.endswith(".npz"):
         raise InputError(f"--out {args.out}: contact maps are several arrays; use a .npz file name")
     if args.plot and not args.plot.lower().endswith(".png"):
         raise InputError(f"--plot {args.plot}: use a .png file name")
-    if args.cutoff <= 0:
-        raise InputError(f"--cutoff {args.cutoff}: must be positive")
-    if args.min_separation < 0:
-        raise InputError(f"--min-separation {args.min_separation}: must be >= 0")
     paths = expand_inputs(args.inputs)
     device = late_device(args)  # auto: decided by the job's warm-up, after the parse workers started
     targets: dict[str, str] = {}
@@ -122,7 +127,12 @@ def run(args) -> int:
             how = "resumed" if r.resumed else f"{row['device'].upper()}, {row['seconds']:.3f} s"
             print(f"{r.input}: {row['summary']}; {how}", flush=True)
 
-    summary = run_job(args, job, paths, description="contacts", on_result=show)
+    try:
+        summary = run_job(args, job, paths, description="contacts", on_result=show)
+    except InputError as exc:  # protgpu.contacts checks the parameters: say it with the option names
+        if _cli_words(str(exc)) == str(exc):
+            raise
+        raise InputError(_cli_words(str(exc))) from None
     where = job_device(args)[1]
     if args.out and len(paths) == 1 and not args.shard and summary.n_ok == 1:
         _bare_single_input(str(summary.out))

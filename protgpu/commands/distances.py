@@ -7,9 +7,9 @@ the same atom count stacked into one :func:`protgpu.distances` call, journaled b
 
 from __future__ import annotations
 
+from ..batch.inputs import expand_inputs
 from ..errors import InputError
 from ._batch_options import add_batch_options, job_device, late_device, report_failures, run_job
-from ._inputs import expand_inputs
 
 
 def register(sub, common) -> None:

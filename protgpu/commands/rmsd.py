@@ -8,7 +8,7 @@
     All-vs-all RMSD of the frames of all inputs (trajectories, multi-model files, or many
     single-structure files with the same atoms after selection), stacked in input order.
 
-``rmsd`` runs through the batch engine (:class:`protgpu.jobs.RmsdJob`): a table ``--out`` (``.csv``,
+``rmsd`` runs through the batch engine (:class:`protgpu.batch.RmsdJob`): a table ``--out`` (``.csv``,
 ``.jsonl``, ``.parquet``; columns input, frame, rmsd_angstrom) is journaled input by input, so
 ``--resume``, ``--shard`` and the Dask options apply. ``.npy`` (the RMSD vector) and ``.npz``
 (rmsd, input, frame) are one piece over all frames: written after the last input, with a manifest but
@@ -30,9 +30,9 @@ import time
 
 import numpy as np
 
+from ..batch.inputs import expand_inputs
 from ..errors import InputError
 from ._batch_options import add_batch_options, job_device, late_device, report_failures, run_job
-from ._inputs import expand_inputs
 
 _RMSD_OUT = (".npy", ".npz", ".csv", ".jsonl", ".parquet")
 _PAIR_OUT = (".npy", ".npz", ".zarr")
@@ -91,9 +91,9 @@ def _load_coords(args, paths):
     """Every input's coordinates after ``--select``, parsed by the batch engine (worker processes,
     ``--keep-going``). An input whose atom count differs from the first readable input's fails like an
     unreadable one. Returns the coordinate arrays of the inputs kept, in input order, and one manifest
-    entry per input (:func:`protgpu.jobs.write_run_record`)."""
+    entry per input (:func:`protgpu.batch.journal.write_run_record`)."""
     from .. import batch
-    from ..jobs import CoordinatesJob
+    from ..batch import CoordinatesJob
 
     if args.jobs is not None and args.jobs < 1:
         raise InputError(f"--jobs {args.jobs}: need at least 1")
@@ -186,9 +186,9 @@ def run_rmsd(args) -> int:
     from dataclasses import replace
     from pathlib import Path
 
-    from ..batch import TABLE_SUFFIXES, parse_shard, shard_path
+    from ..batch import TABLE_SUFFIXES, RmsdJob, parse_shard, shard_path
+    from ..batch.journal import write_run_record
     from ..io import load, save_array
-    from ..jobs import RmsdJob, write_run_record
 
     _check_suffix(args.out, _RMSD_OUT, "--out")
     if args.plot:
@@ -318,8 +318,9 @@ def _gpus(args):
 
 def run_pairwise(args) -> int:
     from .._array import dispatch
-    from ..io import save_array
-    from ..jobs import atomic_store, remove_stale_stores, require_zarr, write_run_record
+    from ..batch.journal import write_run_record
+    from ..batch.writers import require_zarr
+    from ..io import atomic_path, remove_stale_temps, save_array
     from ..superpose import pairwise_rmsd
 
     _check_suffix(args.out, _PAIR_OUT, "--out")
@@ -352,10 +353,9 @@ def run_pairwise(args) -> int:
     t0 = time.perf_counter()
     low = low_out
     result = None
+    remove_stale_temps(args.out)  # what a killed earlier run left beside the output (a full-size .npy, say)
     if low.endswith(".npy"):
         # Stream tile by tile into a memory-mapped .npy beside the destination, then rename it.
-        from ..io import atomic_path
-
         with atomic_path(args.out) as tmp:
             mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
             pairwise_rmsd(coords, out=mm, precision=args.precision, condensed=args.condensed, device=device,
@@ -366,9 +366,8 @@ def run_pairwise(args) -> int:
     elif low.endswith(".zarr"):
         # Streamed tile by tile into a store in a temporary folder, which then takes the name.
         dest = args.out.rstrip("/")
-        remove_stale_stores(dest)
         rows = min(shape[0], max(1, (1 << 22) // (4 * (shape[1] if len(shape) > 1 else 1))))  # ~4 MiB chunks
-        with atomic_store(dest) as tmp:
+        with atomic_path(dest, directory=True) as tmp:
             z = zarr.open_array(tmp, mode="w", shape=shape, chunks=(rows, *shape[1:]), dtype=np.float32)
             z.attrs.update({"units": "angstrom", "condensed": bool(args.condensed),
                             "inputs": [e["input"] for e in entries if e["status"] == "ok"],

@@ -18,9 +18,9 @@ import sys
 
 import numpy as np
 
+from ..batch.inputs import expand_inputs
 from ..errors import InputError
 from ._batch_options import add_batch_options, job_device, late_device, mark, report_failures, run_job
-from ._inputs import expand_inputs
 
 METRICS = ("tm", "lddt", "gdt", "rmsd")
 _OUT_SUFFIXES = (".csv", ".jsonl", ".parquet")

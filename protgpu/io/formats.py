@@ -1,7 +1,7 @@
 """The one extension table: which file suffixes protgpu reads and writes, and through what.
 
 :func:`protgpu.io.load` dispatches on it, and the CLI's input expansion
-(``protgpu.commands._inputs``) lists the files of a directory with :func:`readable_suffixes`, so a
+(``protgpu.batch.inputs``) lists the files of a directory with :func:`readable_suffixes`, so a
 file that a directory expands to is one that ``load`` reads. Matching is case-insensitive.
 """
 

@@ -298,7 +298,7 @@ def test_load_dispatches_every_readable_suffix(tmp_path):
 
 
 def test_directory_expansion_uses_the_extension_table(tmp_path):
-    from protgpu.commands._inputs import expand_inputs
+    from protgpu.batch.inputs import expand_inputs
 
     ref = load(ADK)
     folder = tmp_path / "in"

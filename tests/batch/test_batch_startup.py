@@ -19,16 +19,19 @@ import numpy as np
 import pytest
 
 from protgpu import batch
-from protgpu.batch import Job, Result
-from protgpu.commands._inputs import (
+from protgpu.batch import Job, Result, local
+from protgpu.batch.inputs import (
     ExpandedInputs,
-    _has_ext,
     expand_inputs,
+    has_ext,
 )
-from protgpu.commands._progress import BatchProgress
+from protgpu.batch.job import warm_device
+from protgpu.batch.progress import BatchProgress
+from protgpu.batch.results import as_result
+from protgpu.errors import InputError
 from protgpu.io.formats import readable_suffixes
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PROTGPU_DISABLE_GPU": "1", "PYTHONPATH": str(REPO)}
 HEAVY = ("cupy", "scipy", "pandas", "matplotlib", "rich", "dask", "distributed", "torch")
 
@@ -42,7 +45,7 @@ class NumbersJob(Job):
     def load(self, path):
         text = Path(path).read_text()
         if text.startswith("BAD"):
-            raise batch.InputError(f"{path}: bad")
+            raise InputError(f"{path}: bad")
         return os.path.basename(path), np.array(text.split(), dtype=np.float64)
 
     def compute(self, items):
@@ -103,9 +106,9 @@ def _pdb_models(datasets: Path, folder: Path, n: int, n_res: int = 20) -> Path:
 
 
 def test_as_result_keeps_zero_dimensional_arrays(tmp_path):
-    r = batch._as_result(np.float32(2.5))
+    r = as_result(np.float32(2.5))
     assert r.arrays[""].shape == () and r.arrays[""].dtype == np.float32
-    r = batch._as_result(Result(arrays={"x": np.array(3.0), "m": np.arange(6).reshape(2, 3).T}))
+    r = as_result(Result(arrays={"x": np.array(3.0), "m": np.arange(6).reshape(2, 3).T}))
     assert r.arrays["x"].shape == () and r.arrays["m"].flags.c_contiguous and r.arrays["m"].shape == (3, 2)
     _write_numbers(tmp_path / "in", 3)
     job = batch.FunctionJob(lambda x: np.asarray(float(x.sum())), load=_load_numbers)
@@ -159,7 +162,7 @@ def test_directory_listing_equals_pathlib_rglob(tmp_path):
     (root / "linked_dir").symlink_to(root / "other", target_is_directory=True)  # not entered
     exts = readable_suffixes()
     for spelled in (str(root), str(root) + "/", str(root / "sub" / "..")):
-        want = sorted(str(p) for p in Path(spelled).rglob("*") if p.is_file() and _has_ext(p.name, exts))
+        want = sorted(str(p) for p in Path(spelled).rglob("*") if p.is_file() and has_ext(p.name, exts))
         got = expand_inputs([spelled])
         assert got == want and isinstance(got, ExpandedInputs)
     assert len(want) == 7
@@ -170,7 +173,7 @@ def test_an_expanded_list_is_not_expanded_again(tmp_path):
     os.unlink(paths[1])  # gone after listing: the engine does not list again, the input fails as unreadable
     s = batch.run(paths, NumbersJob(), keep_going=True, pool="inline", quiet=True)
     assert s.n_ok == 3 and s.failed[0][0] == paths[1] and "cannot read" in s.failed[0][1]
-    with pytest.raises(batch.InputError, match="no such file"):
+    with pytest.raises(InputError, match="no such file"):
         batch.run([str(p) for p in paths], NumbersJob(), pool="inline", quiet=True)  # a plain list is checked
 
 
@@ -180,26 +183,26 @@ def test_an_expanded_list_is_not_expanded_again(tmp_path):
 
 def test_start_method_is_fork_only_when_safe(monkeypatch):
     monkeypatch.delenv("PROTGPU_BATCH_START_METHOD", raising=False)
-    assert batch._start_method("spawn") == "spawn"
+    assert local.pool_start_method("spawn") == "spawn"
     monkeypatch.setenv("PROTGPU_BATCH_START_METHOD", "forkserver")
-    assert batch._start_method(None) == "forkserver"
+    assert local.pool_start_method(None) == "forkserver"
     monkeypatch.delenv("PROTGPU_BATCH_START_METHOD")
-    fallback = "forkserver" if sys.platform.startswith("linux") else batch._start_method(None)
+    fallback = "forkserver" if sys.platform.startswith("linux") else local.pool_start_method(None)
     # a GPU library loaded (CUDA may be initialised): not forked
     monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
-    assert not batch._fork_is_safe() and batch._start_method(None) == fallback
+    assert not local.fork_is_safe() and local.pool_start_method(None) == fallback
     monkeypatch.delitem(sys.modules, "cupy")
     # another thread running (it may hold a lock the child would inherit): not forked
     stop = threading.Event()
     t = threading.Thread(target=stop.wait)
     t.start()
     try:
-        assert not batch._fork_is_safe()
+        assert not local.fork_is_safe()
     finally:
         stop.set()
         t.join()
     # a fresh process that imported protgpu forks (on Linux)
-    code = "import protgpu.batch as b, protgpu.cli; print(b._start_method(None))"
+    code = "import protgpu.batch.local as b, protgpu.cli; print(b.pool_start_method(None))"
     out = subprocess.run([sys.executable, "-c", code], env={**ENV, "PROTGPU_BATCH_START_METHOD": ""},
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out == ("fork" if sys.platform.startswith("linux") else fallback)
@@ -246,7 +249,7 @@ def test_workers_parse_while_the_job_warms_up(tmp_path):
     _write_numbers(tmp_path / "in", n)
     (tmp_path / "marks").mkdir()
     job = WaitingWarmUpJob(str(tmp_path / "marks"), n)
-    assert batch._warmup_prefetch([(i, str(p)) for i, p in enumerate(sorted((tmp_path / "in").iterdir()))], 30) == n
+    assert local.warmup_prefetch([(i, str(p)) for i, p in enumerate(sorted((tmp_path / "in").iterdir()))], 30) == n
     s = batch.run(tmp_path / "in", job, pool="process", jobs=2, quiet=True)
     assert s.n_ok == n and job.seen_in_warm_up == n
     assert [r["name"] for r in s.rows] == sorted(os.listdir(tmp_path / "in"))
@@ -258,10 +261,10 @@ def test_workers_parse_while_the_job_warms_up(tmp_path):
 def test_warm_up_prefetch_is_bounded_by_file_bytes(tmp_path, monkeypatch):
     paths = [(i, str(p)) for i, p in enumerate(_write_numbers(tmp_path / "in", 20))]
     monkeypatch.setenv("PROTGPU_BATCH_PREFETCH_MB", str(5 * 4 / 2**20))  # room for ~5 files of ~4 bytes
-    assert 4 <= batch._warmup_prefetch(paths, 2) <= 7
-    assert batch._warmup_prefetch(paths, 12) == 12  # never below the usual look-ahead
+    assert 4 <= local.warmup_prefetch(paths, 2) <= 7
+    assert local.warmup_prefetch(paths, 12) == 12  # never below the usual look-ahead
     monkeypatch.setenv("PROTGPU_BATCH_PREFETCH_MB", "nonsense")
-    assert batch._warmup_prefetch(paths, 2) == 20
+    assert local.warmup_prefetch(paths, 2) == 20
 
 
 def test_results_equal_across_start_methods_and_pools(tmp_path):
@@ -342,8 +345,8 @@ def test_gpu_cli_forks_before_cuda_and_scores_like_a_forced_gpu(tmp_path, datase
 
 
 def _device_job(kind: str, ref: Path, device: str):
+    from protgpu.batch import ContactsJob, RmsdJob
     from protgpu.io import load
-    from protgpu.jobs import ContactsJob, RmsdJob
 
     if kind == "distances":
         return batch.DistancesJob(select="name CA", summary=True, device=device)
@@ -376,13 +379,13 @@ def device_events(monkeypatch):
 
     monkeypatch.setattr(_array, "gpu_available", no_gpu)
     monkeypatch.setattr(_array, "_gpu_reason", "none in this test")
-    submit = batch._Parser.submit
+    submit = local.Parser.submit
 
     def recording_submit(self, chunk):
         events.append(("pool", self.kind, self.start_method))
         return submit(self, chunk)
 
-    monkeypatch.setattr(batch._Parser, "submit", recording_submit)
+    monkeypatch.setattr(local.Parser, "submit", recording_submit)
     return events
 
 
@@ -444,15 +447,16 @@ def test_cli_decides_auto_after_the_pool_started(tmp_path, datasets, device_even
 
 def test_gpu_warm_up_calls_are_well_formed(tmp_path, datasets, monkeypatch):
     # Without a GPU the warm-ups' GPU step never runs: run it here with the jobs' own (CPU) device
-    from protgpu import _cuda, jobs
+    from protgpu import _cuda
+    from protgpu.batch.jobs import contacts, distances, rmsd
     from protgpu.io import load
 
     def always(device, on_gpu=None):
         on_gpu()  # errors not swallowed: they would show here
         return True
 
-    monkeypatch.setattr(batch, "_warm_device", always)
-    monkeypatch.setattr(jobs, "_warm_device", always)
+    for module in (contacts, distances, rmsd):
+        monkeypatch.setattr(module, "warm_device", always)
     loaded = []
     monkeypatch.setattr(_cuda, "get_kernel", lambda *a, **k: loaded.append((a, k)))
     ref = _pdb_models(datasets, tmp_path / "models", 1)
@@ -460,41 +464,41 @@ def test_gpu_warm_up_calls_are_well_formed(tmp_path, datasets, monkeypatch):
         _device_job(kind, ref, "cpu").warm_up()
     assert loaded == [(("contacts", "contact_map_f32"), {})]
     assert "contact_map_f32" in _cuda.entry_points("contacts")
-    jobs.RmsdJob(load(ref), fit="name CA", atoms="name N", device="cpu").warm_up()  # measured atoms apart
+    rmsd.RmsdJob(load(ref), fit="name CA", atoms="name N", device="cpu").warm_up()  # measured atoms apart
 
 
 def test_warm_device_decides_and_swallows(monkeypatch):
     from protgpu import _array
 
     calls = []
-    assert batch._warm_device("cpu", lambda: calls.append("cpu")) is False and calls == []
+    assert warm_device("cpu", lambda: calls.append("cpu")) is False and calls == []
     monkeypatch.setattr(_array, "gpu_available", lambda: False)
     monkeypatch.setattr(_array, "_gpu_reason", "none in this test")
-    assert batch._warm_device("auto", lambda: calls.append("auto")) is False and calls == []
-    assert batch._warm_device("gpu", lambda: calls.append("gpu")) is None and calls == []  # first batch says why
-    assert batch._warm_device("tpu") is None
+    assert warm_device("auto", lambda: calls.append("auto")) is False and calls == []
+    assert warm_device("gpu", lambda: calls.append("gpu")) is None and calls == []  # first batch says why
+    assert warm_device("tpu") is None
     monkeypatch.setattr(_array, "gpu_available", lambda: True)
 
     def fails():
         calls.append("failed")
         raise RuntimeError("no kernel")
 
-    assert batch._warm_device("auto", fails) is True and calls == ["failed"]
+    assert warm_device("auto", fails) is True and calls == ["failed"]
 
 
 PROBE_CLI = textwrap.dedent('''
     import json, sys
-    from protgpu import batch
+    from protgpu.batch.local import Parser
     from protgpu.cli import main
 
     events = []
-    submit = batch._Parser.submit
+    submit = Parser.submit
 
     def recording_submit(self, chunk):
         events.append(["pool", self.start_method, "cupy" in sys.modules])
         return submit(self, chunk)
 
-    batch._Parser.submit = recording_submit
+    Parser.submit = recording_submit
     code = main(sys.argv[1:])
     events.append(["end", None, "cupy" in sys.modules])
     print(json.dumps({"code": code, "events": events}))

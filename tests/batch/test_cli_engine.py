@@ -20,10 +20,12 @@ import pytest
 
 import protgpu as pg
 from protgpu import batch
+from protgpu.batch.inputs import expand_inputs
+from protgpu.batch.jobs import ContactsJob, RmsdJob
+from protgpu.batch.writers import write_zarr
 from protgpu.cli import main
-from protgpu.commands._inputs import expand_inputs
 from protgpu.errors import InputError
-from protgpu.jobs import ContactsJob, RmsdJob, atomic_store, write_zarr
+from protgpu.io import atomic_path
 
 try:  # the test extra installs zarr (3.x, Python >= 3.11); only the .zarr tests need it
     import zarr
@@ -178,6 +180,16 @@ def test_contacts_job_from_python_equals_contacts(datasets):
     assert s.n_ok == 2 and [r["residues"] for r in s.rows] == [214, 214]
     with pytest.raises(InputError, match="scheme"):
         ContactsJob(scheme="cb")
+
+
+@pytest.mark.parametrize("option, value", [("--cutoff", "-1"), ("--cutoff", "nan"), ("--min-separation", "-2")])
+def test_contacts_bad_parameter_is_one_line_in_cli_words(folder, tmp_path, capsys, option, value):
+    """protgpu.contacts checks its parameters (once); the command names the option, exits 2, writes nothing."""
+    out = tmp_path / "m.npz"
+    assert cli("contacts", folder, option, value, "--device", "cpu", "-o", out) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{option} must be" in err and "Traceback" not in err
+    assert not out.exists()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -381,11 +393,11 @@ def test_write_zarr_per_input_arrays_and_atomic_store(tmp_path):
         else:
             np.testing.assert_array_equal(got, a)
     assert g.attrs["job"] == "distances"
-    with pytest.raises(RuntimeError), atomic_store(dest) as tmp:
+    with pytest.raises(RuntimeError), atomic_path(dest, directory=True) as tmp:
         os.makedirs(tmp)
         raise RuntimeError("killed")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.zarr"]
-    with pytest.raises(InputError, match="does not exist"), atomic_store(tmp_path / "no" / "d.zarr"):
+    with pytest.raises(InputError, match="does not exist"), atomic_path(tmp_path / "no" / "d.zarr", directory=True):
         pass
 
 

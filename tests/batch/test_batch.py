@@ -7,6 +7,7 @@ writes; bad inputs, dying workers, out-of-memory batches and failing writes lose
 
 from __future__ import annotations
 
+import csv
 import errno
 import gzip
 import io
@@ -26,12 +27,13 @@ from hypothesis import strategies as st
 
 from protgpu import batch
 from protgpu.batch import InputResult, Job, OutputError, Result, ScoreJob
+from protgpu.batch.inputs import expand_inputs
+from protgpu.batch.local import chunk_size
+from protgpu.batch.progress import BatchProgress
 from protgpu.cli import main
-from protgpu.commands._inputs import expand_inputs
-from protgpu.commands._progress import BatchProgress
 from protgpu.errors import InputError, MemoryBudgetError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PROTGPU_DISABLE_GPU": "1", "PYTHONPATH": str(REPO)}
 
 
@@ -455,7 +457,7 @@ def test_disk_full_while_writing_is_a_clear_error_and_nothing_is_lost(tmp_path, 
     def no_space(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(batch.csv, "writer", no_space)
+    monkeypatch.setattr(csv, "writer", no_space)
     with pytest.raises(OutputError, match=r"t\.csv: cannot write"):
         batch.run(numbers, SumJob(), out=table, pool="inline")
     assert table.read_text() == "old\n"
@@ -726,8 +728,8 @@ def test_score_job_reports_where_the_time_went(tmp_path, models):
 
 
 def test_process_pool_chunks_and_a_dying_worker_in_a_chunk(tmp_path, numbers):
-    assert batch._chunk_size("process", 10_000, 16) == 16 and batch._chunk_size("process", 20, 2) == 2
-    assert batch._chunk_size("thread", 10_000, 16) == 1 and batch._chunk_size("process", 3, 8) == 1
+    assert chunk_size("process", 10_000, 16) == 16 and chunk_size("process", 20, 2) == 2
+    assert chunk_size("thread", 10_000, 16) == 1 and chunk_size("process", 3, 8) == 1
     for i in range(20, 60):
         (numbers / f"f{i:02d}.pdb").write_text(f"{i} 1 2")
     (numbers / "f33.pdb").write_text("CRASH")

@@ -1,0 +1,258 @@
+"""The journal of a batch run: ``OUT.manifest.jsonl`` (a header, then one line per finished input)
+and the array parts in ``OUT.parts/``, read back for ``resume`` and assembled into the output.
+
+Internal API (the engine, the CLI): :class:`Store` (the journal of one output) and
+:func:`write_run_record` (the same manifest for a run written in one piece).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import uuid
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from ..io.write import atomic_path
+from .job import Job
+from .results import InputResult
+from .writers import (
+    TABLE_SUFFIXES,
+    OutputError,
+    stem_keys,
+    write_errors,
+    write_npz,
+    write_output,
+    write_table,
+)
+
+MANIFEST_FORMAT = "protgpu-batch/1"
+
+
+class Store:
+    """The manifest (journal) and array parts of one output path."""
+
+    def __init__(self, out: Path, job: Job, paths: list[str] | None = None):
+        self.out = out
+        self.job = job
+        self.paths = paths  # the whole expanded input list (all shards): what .npz keys are drawn from
+        self.manifest = out.with_name(out.name + ".manifest.jsonl")
+        self.parts = out.with_name(out.name + ".parts")
+        self.header = {"kind": "header", "format": MANIFEST_FORMAT, "job": job.name,
+                       "options": json.loads(json.dumps(job.options(), default=str))}
+        self.entries: dict[str, dict] = {}  # key -> latest entry
+        self.started = False  # header written by this run (or resumed onto)
+        self.run_id = uuid.uuid4().hex[:8]
+        self.n_parts = 0
+
+    @staticmethod
+    def key(path: str) -> str:
+        """The manifest key of an input: its absolute path."""
+        return os.path.abspath(path)
+
+    # -- reading -------------------------------------------------------------------------------
+    def read(self) -> bool:
+        """Load the manifest for a resume; False when there is none. Drops a torn last line and parts
+        that no entry references (a run killed between writing a part and journaling it)."""
+        try:
+            data = self.manifest.read_bytes()
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise InputError(f"{self.manifest}: cannot read the manifest ({exc.strerror})") from None
+        good_end, lines = 0, []
+        pos = 0
+        while pos < len(data):
+            nl = data.find(b"\n", pos)
+            if nl < 0:
+                break  # an unterminated last line: torn by a kill mid-write
+            try:
+                lines.append(json.loads(data[pos:nl]))
+            except ValueError:
+                break
+            pos = good_end = nl + 1
+        if not lines or lines[0].get("kind") != "header" or lines[0].get("format") != MANIFEST_FORMAT:
+            raise InputError(f"{self.manifest}: not a protgpu batch manifest; remove it or drop --resume")
+        head = lines[0]
+        if head.get("job") != self.header["job"] or head.get("options") != self.header["options"]:
+            diff = sorted(k for k in set(head.get("options", {})) | set(self.header["options"])
+                          if head.get("options", {}).get(k) != self.header["options"].get(k))
+            what = f"options {', '.join(diff)}" if diff else f"job {head.get('job')!r}"
+            raise InputError(f"{self.manifest}: written with different {what} than this run; "
+                             "run without --resume to start over")
+        if good_end < len(data):
+            with open(self.manifest, "r+b") as fh:
+                fh.truncate(good_end)
+        for e in lines[1:]:
+            if e.get("kind") == "input":
+                self.entries[e["key"]] = e
+        referenced = {e.get("part") for e in self.entries.values() if e.get("part")}
+        if self.parts.is_dir():
+            for p in self.parts.iterdir():
+                if p.name not in referenced and (p.name.startswith("part-") or p.name.startswith(".part-")):
+                    with contextlib.suppress(OSError):
+                        p.unlink()
+        self.started = True
+        return True
+
+    def done(self, path: str, sha: str | None) -> dict | None:
+        """The manifest entry of ``path`` when it is ``ok`` with content ``sha`` (and its part file
+        exists): the input need not run again. None otherwise."""
+        e = self.entries.get(self.key(path))
+        if e is None or e.get("status") != "ok" or sha is None or e.get("sha256") != sha:
+            return None
+        if e.get("part") and not (self.parts / e["part"]).is_file():
+            return None
+        return e
+
+    def arrays_of(self, e: dict) -> dict:
+        """The arrays of a journaled entry, read from its part file (empty when it has none)."""
+        if not e.get("part"):
+            return {}
+        slot = e["slot"]
+        with np.load(self.parts / e["part"]) as z:
+            return {name: z[f"{slot}:{name}"] for name in e.get("arrays", [])}
+
+    # -- writing -------------------------------------------------------------------------------
+    def _start(self) -> None:
+        """First commit of a fresh run: replace an old journal (only files this engine names)."""
+        if self.parts.is_dir():
+            for p in self.parts.iterdir():
+                if p.name.startswith(("part-", ".part-")):
+                    with contextlib.suppress(OSError):
+                        p.unlink()
+        line = json.dumps({**self.header, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n"
+        write_output(self.manifest, lambda tmp: Path(tmp).write_text(line))
+        self.started = True
+
+    def commit(self, results: list[InputResult]) -> None:
+        """Journal a batch: its arrays as one part file (atomic), then its lines in one append."""
+        if not results:
+            return
+        if not self.started:
+            self._start()
+        part = None
+        with_arrays = [r for r in results if r.ok and r.arrays]
+        if with_arrays:
+            self.n_parts += 1
+            part = f"part-{self.run_id}-{self.n_parts:06d}.npz"
+            self.parts.mkdir(exist_ok=True)
+            items = [(f"{k}:{name}", a) for k, r in enumerate(with_arrays) for name, a in r.arrays.items()]
+
+            def write_part(tmp):
+                with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+                    for key, arr in items:
+                        with zf.open(f"{key}.npy", "w", force_zip64=True) as fh:
+                            np.lib.format.write_array(fh, np.asarray(arr), allow_pickle=False)
+
+            try:
+                with atomic_path(self.parts / part) as tmp:
+                    write_part(tmp)
+            except OSError as exc:
+                raise OutputError(f"{self.parts / part}: cannot write ({exc.strerror or exc}); inputs finished "
+                                  f"so far are journaled in {self.manifest} (rerun with --resume)") from None
+        slots = {id(r): k for k, r in enumerate(with_arrays)}
+        lines = []
+        for r in results:
+            e = {"kind": "input", "input": r.input, "key": self.key(r.input), "sha256": r.sha256,
+                 "status": r.status}
+            if r.ok:
+                e["rows"] = r.rows
+                if r.arrays:
+                    e.update(part=part, slot=slots[id(r)], arrays=list(r.arrays))
+            else:
+                e["error"] = r.error
+            self.entries[e["key"]] = e
+            lines.append(json.dumps(e) + "\n")
+        try:
+            with open(self.manifest, "a") as fh:
+                fh.write("".join(lines))
+        except OSError as exc:
+            raise OutputError(f"{self.manifest}: cannot append ({exc.strerror or exc}); rerun with --resume "
+                              "once there is space") from None
+
+    def finish(self, order: list) -> tuple[list, list, Path | None]:
+        """Write the output and errors file from the journal, in input order."""
+        ok, failed = [], []
+        for _index, path in order:
+            e = self.entries.get(self.key(path))
+            if e is None:
+                continue
+            (ok if e["status"] == "ok" else failed).append((path, e))
+        rows = [r for _, e in ok for r in e.get("rows", [])]
+        if self.out.name.lower().endswith(TABLE_SUFFIXES):
+            write_table(self.out, rows, self.job.columns)
+        else:
+            self._write_arrays([(p, e) for p, e in ok])
+        errors = write_errors(self.out, [(p, e.get("sha256"), e.get("error", "")) for p, e in failed])
+        return rows, [(p, e.get("error", "")) for p, e in failed], errors
+
+    def _write_arrays(self, ok: list) -> None:
+        if self.out.name.lower().endswith(".npy"):
+            arrays = [a for _, e in ok for a in self.arrays_of(e).values()]
+            if not arrays:  # the one input failed (keep_going): the errors file says so
+                return
+            if len(arrays) != 1:
+                raise InputError(f"--out {self.out}: a .npy file holds one array; this run has {len(arrays)} "
+                                 "(use .npz)")
+            write_output(self.out, lambda tmp: np.save(tmp, arrays[0]))
+            return
+        # A key is the input's stem, made unique over the whole input list (not only over this shard's
+        # inputs, nor only over those that succeeded): shard outputs then never share a key, and a
+        # shard's keys are those of the full run.
+        names = self.paths if self.paths is not None else [p for p, _ in ok]
+        key_of = dict(zip(names, stem_keys(names), strict=True))
+        keys = [key_of[p] for p, _ in ok]
+
+        def items():
+            for key, (_, e) in zip(keys, ok, strict=True):
+                for name, a in self.arrays_of(e).items():
+                    yield (key if name == "" else f"{key}/{name}"), a
+            yield "inputs", np.array([p for p, _ in ok], dtype=str)
+
+        write_output(self.out, lambda tmp: write_npz(tmp, items()))
+
+
+def write_run_record(out, job_name: str, options: dict, entries: list) -> tuple[Path, Path | None]:
+    """The manifest (``OUT.manifest.jsonl``) and errors file (``OUT.errors.tsv``) of a run whose output
+    is written in one piece, not journaled input by input (``protgpu pairwise-rmsd``, ``protgpu rmsd
+    --out .npy``): same format as the engine's journal, written atomically after the output.
+
+    Parameters
+    ----------
+    out : str or os.PathLike
+        The output the record belongs to.
+    job_name : str
+    options : dict
+        JSON-serialisable settings of the run.
+    entries : list of dict
+        One per input, in input order: ``input``, ``sha256``, ``status`` (``"ok"``/``"failed"``), and
+        ``rows`` (list of dict) or ``error`` (str).
+
+    Returns
+    -------
+    (pathlib.Path, pathlib.Path or None)
+        The manifest, and the errors file (None when no input failed; an old one is removed).
+    """
+    out = Path(str(out).rstrip("/"))
+    manifest = out.with_name(out.name + ".manifest.jsonl")
+    head = {"kind": "header", "format": MANIFEST_FORMAT, "job": job_name,
+            "options": json.loads(json.dumps(options, default=str)), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    lines = [json.dumps(head)]
+    for e in entries:
+        line = {"kind": "input", "input": e["input"], "key": os.path.abspath(e["input"]), "sha256": e.get("sha256"),
+                "status": e["status"]}
+        if e["status"] == "ok":
+            line["rows"] = e.get("rows", [])
+        else:
+            line["error"] = e.get("error", "")
+        lines.append(json.dumps(line))
+    text = "\n".join(lines) + "\n"
+    write_output(manifest, lambda tmp: Path(tmp).write_text(text))
+    failed = [(e["input"], e.get("sha256"), e.get("error", "")) for e in entries if e["status"] != "ok"]
+    return manifest, write_errors(out, failed)
