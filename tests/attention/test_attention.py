@@ -636,3 +636,19 @@ def test_kernel_configurations_compile():
     # The largest float32 tile of the CUDA-core kernel (the float64 entry point drops out at d > 64).
     code = bytes(compile_cubin("attention", "sm_80", {"HEAD_DIM": 128}, cache=False).code)
     assert b"flash_simt_f32" in code and b"flash_simt_f64" not in code
+
+
+def test_fast_path_plan_tail_fits_the_kernel_signature():
+    # The fast path launches through a prepared plan (protgpu._cuda.plans): its scalar tail must match
+    # the entry point's trailing parameters (L, H, xstride, mstride, scale, cutoff2), and the rest are the
+    # seven pointers it passes. Building a plan needs no GPU.
+    pytest.importorskip("cuda.core")
+    from protgpu._cuda import loader, plans
+
+    for entry in loader.entry_points("attention_flash"):
+        handle = loader.KernelHandle(kernel=None, name=entry, params=loader.entry_points("attention_flash")[entry])
+        tail = (np.int32(4096), np.int32(8), np.int32(0), np.int32(0), np.float32(0.125), np.float32(-1.0))
+        plan = plans.build_plan(handle, (32, 8, 1), (128,), tail)
+        assert plan.n_pointers == 7 and plan.tail == tail
+    with pytest.raises(TypeError):
+        plans.build_plan(handle, 1, 128, (1.5,) * 6)  # L must be an integer
