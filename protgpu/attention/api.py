@@ -52,7 +52,7 @@ def attention(q, k, v, coords, *, gamma, cutoff=None, mask=None, scale=None, ret
         GPU path. ``"fused"``: flash-style, O(B L H d) memory, tensor cores for 16-bit inputs with
         ``d % 16 == 0`` (up to 128). ``"materialized"``: cuBLAS products and a fused bias/softmax kernel,
         L x L per (batch, head) in memory. ``"auto"`` picks by dtype and size (see
-        :func:`choose_method`). Ignored on the CPU.
+        :func:`protgpu.attention.flash.choose_method`). Ignored on the CPU.
     device : {"auto", "cpu", "gpu"}
         Where to compute; ``"auto"`` follows the data (and uses a GPU for NumPy input when present).
 

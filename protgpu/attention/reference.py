@@ -53,7 +53,7 @@ def float32_to_bf16_bits(x, xp=np):
 
 def attention_numpy(q, k, v, coords, *, gamma, cutoff=None, mask=None, scale=None, return_weights=False,
                     dtype=np.float64):
-    """The NumPy twin of :func:`attention` (also its CPU path), computing in ``dtype``.
+    """The NumPy twin of :func:`~protgpu.attention.api.attention` (also its CPU path), computing in ``dtype``.
 
     Parameters
     ----------

@@ -38,13 +38,13 @@ def contacts(structure, *, scheme: str = "closest-heavy", cutoff: float = 4.5, m
         Same-chain pairs closer than this in residue index are excluded (mdtraj's ``contacts="all"``
         uses 3).
     residues : None, "all", str, array of int or bool, optional
-        Residues of the map; default those with a CA atom (see :func:`scheme_atoms`).
+        Residues of the map; default those with a CA atom (see :func:`protgpu.contacts.schemes.scheme_atoms`).
     frequency : bool
         Keep only the (R, R) frequency map: ``distances``, ``contacts`` and ``pairs`` are None and
         memory no longer grows with the number of frames (takes precedence over ``output``).
     output : {"dense", "pairs"}
         ``"pairs"`` returns the contacts as sparse (frame, i, j, distance) records
-        (:class:`ContactPairs`) instead of dense maps, for large systems.
+        (:class:`~protgpu.contacts.maps.ContactPairs`) instead of dense maps, for large systems.
     inter_chain : bool
         Include pairs of residues from different chains (mdtraj's ``contacts="all"`` does not).
     periodic : bool
