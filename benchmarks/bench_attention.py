@@ -15,7 +15,7 @@ and PV) and is also given as a fraction of the bf16 GEMM ceiling measured on the
 
 ``--long`` adds L = 16,384 (fused, with its device memory, against SDPA with a 4 GiB bias);
 ``--sweep`` times tile configurations of the tensor-core kernel (FA_BLOCK_N, FA_STAGES, FA_WARPS, FA_MT,
-FA_MIN_BLOCKS) and reports the best, to be written into ``protgpu.scoring.attention.flash_config``;
+FA_MIN_BLOCKS) and reports the best, to be written into ``protgpu.attention.flash.flash_config``;
 ``--quick`` runs small CPU-only sizes (for machines without a GPU).
 """
 
@@ -56,7 +56,8 @@ def kernel_launcher(qd, kd, vd, xd, gd, cfg, cutoff2, scale, precision="bfloat16
     from cuda.core import LaunchConfig, launch
 
     from protgpu import _cuda
-    from protgpu.scoring import attention as att
+    from protgpu._cuda.streams import core_stream
+    from protgpu.attention import flash as att
 
     B, L, H, d = qd.shape
     entry, arch_specific = att.flash_entry(precision, cfg, cutoff2)  # the one attention() would launch
@@ -64,7 +65,7 @@ def kernel_launcher(qd, kd, vd, xd, gd, cfg, cutoff2, scale, precision="bfloat16
     rows = att.flash_block_m(cfg)
     lc = LaunchConfig(grid=((L + rows - 1) // rows, H, B), block=(32 * int(cfg["FA_WARPS"]),), shmem_size=0)
     out = cupy.empty_like(qd)
-    stream = att._core_stream(cupy.cuda.get_current_stream().ptr)
+    stream = core_stream(cupy.cuda.get_current_stream().ptr, cupy.cuda.runtime.getDevice())
     args = (qd.data.ptr, kd.data.ptr, vd.data.ptr, xd.data.ptr, gd.data.ptr, 0, out.data.ptr, np.int32(L),
             np.int32(H), np.int32(3 * L), np.int32(L), np.float32(scale), np.float32(cutoff2))
 
@@ -78,8 +79,8 @@ def kernel_launcher(qd, kd, vd, xd, gd, cfg, cutoff2, scale, precision="bfloat16
 def gpu_rows(B, L, H, d, args, rows, extra):
     import cupy
 
-    from protgpu.scoring import attention as att
-    from protgpu.scoring.attention import attention
+    from protgpu.attention import attention, float32_to_bf16_bits
+    from protgpu.attention import flash as att
 
     try:
         import torch
@@ -146,7 +147,7 @@ def gpu_rows(B, L, H, d, args, rows, extra):
             rows[-1]["note"] = rows[-2]["note"] = f"max |ours - SDPA+bias| = {diff:.3g}"
         qd, kd, vd = (cupy.from_dlpack(a.view(torch.int16)).view(cupy.uint16) for a in (qt, kt, vt))
     else:
-        bits = [att.float32_to_bf16_bits(a) for a in (q16, k16, v16)]
+        bits = [float32_to_bf16_bits(a) for a in (q16, k16, v16)]
         qd, kd, vd = (cupy.asarray(b) for b in bits)
     xd = cupy.asarray(x)
     gd = cupy.asarray(gamma.astype(np.float32))
@@ -256,7 +257,7 @@ def sweep_configs(d: int) -> list[dict]:
 
 
 def flash_smem(d, block_n, stages):
-    from protgpu.scoring import attention as att
+    from protgpu.attention import flash as att
 
     return att.flash_smem_bytes(d, block_n, stages)
 
@@ -301,7 +302,7 @@ def long_rows(rows, extra):
     """L = 16,384: the fused path in O(L) memory; SDPA needs the (B, H, L, L) bias."""
     import cupy
 
-    from protgpu.scoring.attention import attention
+    from protgpu.attention import attention
 
     B, L, H, d = 1, 16384, 8, 64
     rng = np.random.default_rng(1)
@@ -349,7 +350,7 @@ def long_rows(rows, extra):
 
 
 def cpu_rows(args, rows):
-    from protgpu.scoring.attention import attention
+    from protgpu.attention import attention
 
     B, L, H, d = (1, 256, 4, 32) if args.quick else (1, 1024, 8, 64)
     rng = np.random.default_rng(0)

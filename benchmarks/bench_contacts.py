@@ -79,7 +79,7 @@ def main() -> None:
         args.frames, args.big_residues = 200, 600
 
     import protgpu as pg
-    from protgpu.contacts import _GPUPlan, _residue_keys, contacts, scheme_atoms
+    from protgpu.contacts import GPUPlan, contacts, residue_keys, scheme_atoms
 
     rng = np.random.default_rng(0)
     traj = pg.load(DATA / "adk_dims.dcd", top=DATA / "adk_open.pdb")
@@ -135,9 +135,9 @@ def main() -> None:
         pool = cupy.get_default_memory_pool()
         xd = cupy.asarray(x_all)
         res, idx, starts = scheme_atoms(adk)
-        chain, _ = _residue_keys(adk, res)
+        chain, _ = residue_keys(adk, res)
         r = len(res)
-        plan = _GPUPlan(idx, starts, chain, res, None, n_frames, np.float32)
+        plan = GPUPlan(idx, starts, chain, res, None, n_frames, np.float32)
         dist = cupy.empty((n_frames, r, r), np.float32)
         cont = cupy.empty((n_frames, r, r), np.uint8)
         counts = cupy.zeros((r, r), np.uint32)
@@ -190,11 +190,11 @@ def main() -> None:
             add(f"synthetic {r} res", "mdtraj.compute_contacts (estimated)",
                 (atom_pairs / adk_atom_pairs) / mdtraj_fps, 1, note_md)
     if gpu:
-        chain, _ = _residue_keys(big, res)
+        chain, _ = residue_keys(big, res)
         xb = cupy.asarray(big.coords)
         pool.free_all_blocks()
         before = pool.used_bytes()
-        plan = _GPUPlan(idx, starts, chain, res, None, n_big_frames, np.float32)
+        plan = GPUPlan(idx, starts, chain, res, None, n_big_frames, np.float32)
         dist = cupy.empty((n_big_frames, r, r), np.float32)
         cont = cupy.empty((n_big_frames, r, r), np.uint8)
         counts = cupy.zeros((r, r), np.uint32)

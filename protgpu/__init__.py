@@ -12,12 +12,12 @@ __version__ = "0.1.0"
 
 from . import batch
 from ._array import gpu_available
+from .attention import attention
 from .contacts import ContactMap, NativeContacts, contacts, native_contacts
 from .distances import distances
 from .errors import GPUUnavailableError, InputError, KernelCompileError, MemoryBudgetError, ProtgpuError
 from .io import load, save
 from .scoring import TMScoreResult, gdt, lddt, tm_score
-from .scoring.attention import attention
 from .scoring.consensus import ConsensusResult, consensus_score
 from .structure import Structure
 from .superpose import SuperposeResult, pairwise_rmsd, rmsd, superpose

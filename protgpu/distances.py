@@ -14,11 +14,10 @@ import numpy as np
 
 from ._array import dispatch, to_numpy
 from ._memory import check_host_fits, device_budget_bytes, rows_per_chunk
+from ._pbc import PBC_NONE, PBC_ORTHO, PBC_TRICLINIC, minimum_image_numpy, normalize_box
 from .errors import InputError
 
-__all__ = ["distances", "normalize_box"]  # distances_numpy: the CPU twin, for tests (distances(device="cpu"))
-
-PBC_NONE, PBC_ORTHO, PBC_TRICLINIC = 0, 1, 2
+__all__ = ["distances"]  # distances_numpy: the CPU twin, for tests (distances(device="cpu"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -59,65 +58,6 @@ def _as_frames(x, name: str, be):
     return xp.ascontiguousarray(a), squeeze
 
 
-def normalize_box(box, n_frames: int, dtype=np.float64):
-    """Box as (frames or 1, 3, 3) vectors (rows a, b, c, Angstrom), its inverse, and the PBC mode.
-
-    Parameters
-    ----------
-    box : array_like or None
-        (3,) or (frames, 3) orthorhombic lengths, or (3, 3) / (frames, 3, 3) box vectors (rows a, b,
-        c), Angstrom. A (3, 3) array is always one box's vectors; with exactly 3 frames, per-frame
-        lengths must be given as (3, 1, 3), and a (3, 3) array that is not lower triangular is refused
-        as ambiguous.
-    n_frames : int
-
-    Returns
-    -------
-    vectors : ndarray (Fb, 3, 3) or None
-    inverse : ndarray (Fb, 3, 3) or None
-    mode : int
-        0 no box, 1 orthorhombic, 2 triclinic.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> vectors, inverse, mode = normalize_box([50.0, 60.0, 70.0], n_frames=10)
-    >>> vectors.shape, mode, np.diag(vectors[0]).tolist()
-    ((1, 3, 3), 1, [50.0, 60.0, 70.0])
-    >>> np.allclose(vectors[0] @ inverse[0], np.eye(3))
-    True
-    >>> normalize_box(None, n_frames=10)
-    (None, None, 0)
-    """
-    if box is None:
-        return None, None, PBC_NONE
-    b = np.asarray(to_numpy(box), dtype=np.float64)
-    if b.shape == (3, 3) and n_frames == 3 and np.any(b[[0, 0, 1], [1, 2, 2]] != 0):
-        # (3, 3) means one box's vectors; with 3 frames it could also be per-frame lengths. Box
-        # vectors from MD engines are lower triangular; anything else here is refused, not guessed.
-        raise InputError("box of shape (3, 3) with 3 frames is ambiguous: pass box vectors as (1, 3, 3) "
-                         "or (3, 3, 3), per-frame lengths as (3, 1, 3)")
-    per_frame_lengths = b.shape == (n_frames, 1, 3) or (b.shape == (n_frames, 3) and n_frames != 3)
-    if b.shape == (3,) or per_frame_lengths:
-        lengths = b.reshape(-1, 3)
-        vec = np.zeros((lengths.shape[0], 3, 3))
-        vec[:, [0, 1, 2], [0, 1, 2]] = lengths
-    elif b.shape in ((3, 3), (1, 3, 3), (n_frames, 3, 3)):
-        vec = b.reshape(-1, 3, 3).copy()
-    else:
-        raise InputError(
-            f"box must have shape (3,), ({n_frames}, 3), (3, 3) or ({n_frames}, 3, 3), got {b.shape}"
-        )
-    if not np.isfinite(vec).all():
-        raise InputError("box has NaN or infinite values")
-    det = np.linalg.det(vec)
-    if np.any(np.abs(det) < 1e-6):
-        raise InputError(f"box of frame {int(np.argmin(np.abs(det)))} has zero volume")
-    off_diagonal = vec[:, [0, 0, 1, 1, 2, 2], [1, 2, 0, 2, 0, 1]]
-    mode = PBC_ORTHO if np.all(off_diagonal == 0) else PBC_TRICLINIC
-    return vec.astype(dtype), np.linalg.inv(vec).astype(dtype), mode
-
-
 def _check_pairs(pairs, n_atoms: int):
     p = np.asarray(to_numpy(pairs))
     if p.ndim != 2 or p.shape[1] != 2:
@@ -147,20 +87,6 @@ def _check_out(out, shape, dtype):
 # NumPy twin
 
 
-def _minimum_image_numpy(d, vec, inv, mode):
-    """Minimum-image displacements ``d`` (..., 3) float64 for one frame's box (rules of common.cuh)."""
-    if mode == PBC_ORTHO:
-        lengths = np.diagonal(vec)
-        return d - lengths * np.rint(d * np.diagonal(inv))
-    s = d @ inv
-    s -= np.rint(s)
-    d = s @ vec
-    shifts = np.array([[i, j, k] for i in (-1, 0, 1) for j in (-1, 0, 1) for k in (-1, 0, 1)], dtype=np.float64)
-    images = d[..., None, :] + (shifts @ vec)  # (..., 27, 3)
-    best = np.argmin(np.einsum("...ij,...ij->...i", images, images), axis=-1)
-    return np.take_along_axis(images, best[..., None, None], axis=-2)[..., 0, :]
-
-
 def _finish(d2, out):
     """Round the float64 squared distances to the output dtype, then take the square root there.
 
@@ -176,7 +102,7 @@ def _frame_matrix_numpy(xf, yf, vec, inv, mode, out):
     xf = xf.astype(np.float64, copy=False)
     yf = yf.astype(np.float64, copy=False)
     if mode == PBC_TRICLINIC:
-        d = _minimum_image_numpy(yf[None, :, :] - xf[:, None, :], vec, inv, mode)
+        d = minimum_image_numpy(yf[None, :, :] - xf[:, None, :], vec, inv, mode)
         _finish(np.einsum("ijk,ijk->ij", d, d), out)
         return
     if mode == PBC_NONE:
@@ -210,7 +136,7 @@ def distances_numpy(x, y=None, *, pairs=None, box=None, out=None):
     x : ndarray, shape (F, N, 3)
     y : ndarray, shape (F, M, 3) or (1, M, 3), optional
     pairs : ndarray, shape (K, 2) int64, optional
-    box : as :func:`normalize_box` accepts
+    box : as :func:`protgpu._pbc.normalize_box` accepts
     out : ndarray, optional
         Preallocated result, (F, N, M) or (F, K).
 
@@ -227,7 +153,7 @@ def distances_numpy(x, y=None, *, pairs=None, box=None, out=None):
             d = xf[pairs[:, 1]] - xf[pairs[:, 0]]
             if mode:
                 b = min(f, len(vec) - 1)
-                d = _minimum_image_numpy(d, vec[b], inv[b], mode)
+                d = minimum_image_numpy(d, vec[b], inv[b], mode)
             _finish(np.einsum("ij,ij->i", d, d), res[f])
         return res
     yy = x if y is None else y

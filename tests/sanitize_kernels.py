@@ -47,13 +47,13 @@ def check_contacts() -> None:
     print("contacts: ok")
 
 
-def _from_test_module(module: str, function: str):
-    """A sanitizer section that lives beside its GPU tests (tests/<module>.py)."""
+def _from_test_module(module: str, function: str, folder: str = ""):
+    """A sanitizer section that lives beside its GPU tests (tests/<folder>/<module>.py)."""
     def run() -> None:
         import importlib
         import os
 
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), folder))
         getattr(importlib.import_module(module), function)()
     return run
 
@@ -61,7 +61,7 @@ def _from_test_module(module: str, function: str):
 SECTIONS = {
     "distances": check_distances,
     "contacts": check_contacts,
-    "attention": _from_test_module("test_attention_gpu", "check_attention_for_sanitizer"),
+    "attention": _from_test_module("test_attention_gpu", "check_attention_for_sanitizer", "attention"),
     "scoring": _from_test_module("test_scoring_gpu", "check_scoring_for_sanitizer"),
     "superpose": _from_test_module("superpose.test_superpose_gpu", "check_superpose_for_sanitizer"),
     "consensus": _from_test_module("test_consensus_gpu", "check_consensus_for_sanitizer"),

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import KernelCompileError
+from .plans import launch_config
+from .streams import cupy_stream, current_device
 
 COMMON_HEADER = "common.cuh"
 # A quoted include of a .cuh header on a line of its own (a trailing // comment allowed). NVRTC from the
@@ -251,18 +253,9 @@ def check_all(archs=("sm_80", "sm_90")) -> list[dict]:
 # On the GPU
 
 
-def _device():
-    import cupy
-    from cuda.core import Device
-
-    dev = Device(cupy.cuda.runtime.getDevice())
-    dev.set_current()
-    return dev
-
-
 def device_arch(dev=None) -> str:
     """``"sm_XY"`` of the current device."""
-    dev = dev or _device()
+    dev = dev or current_device()
     cc = dev.compute_capability
     return f"sm_{cc.major}{cc.minor}"
 
@@ -303,7 +296,7 @@ def get_kernel(name: str, entry: str, defines: dict | None = None, *, arch_speci
     params = entry_points(name).get(entry)
     if params is None:
         raise KernelCompileError(f"{name}.cu has no entry point {entry!r} (has {sorted(entry_points(name))})")
-    dev = _device()
+    dev = current_device()
     arch = arch_specific_target(device_arch(dev)) if arch_specific else device_arch(dev)
     key = (dev.device_id, name, tuple(sorted((defines or {}).items())), arch)
     with _modules_lock:
@@ -314,24 +307,6 @@ def get_kernel(name: str, entry: str, defines: dict | None = None, *, arch_speci
     handle = KernelHandle(kernel=obj.get_kernel(entry), name=f"{name}.{entry}", params=params)
     _handles[hkey] = handle
     return handle
-
-
-_streams: dict = {}
-
-
-def _core_stream(cupy_stream):
-    # cuda.core wraps a foreign stream through its __cuda_stream__ protocol; keep one wrapper per
-    # CuPy stream (and the CuPy stream itself alive) rather than building one per launch.
-    # Keyed by device too: every device's null stream has the handle 0.
-    import cupy
-
-    device_id = getattr(cupy_stream, "device_id", None)
-    key = (cupy.cuda.runtime.getDevice() if device_id is None else device_id, cupy_stream.ptr)
-    hit = _streams.get(key)
-    if hit is None or hit[0] is not cupy_stream:
-        hit = (cupy_stream, _device().create_stream(cupy_stream))
-        _streams[key] = hit
-    return hit[1]
 
 
 @cache
@@ -391,26 +366,8 @@ def launch(handle: KernelHandle, grid, block, *args, shared_mem: int = 0, stream
         raise TypeError(f"{handle.name} takes {len(handle.params)} arguments, got {len(args)}")
     converted = [_convert_arg(handle, p, a) for p, a in zip(handle.params, args, strict=True)]
     s = stream if stream is not None else cupy.cuda.get_current_stream()
-    cfg = _launch_config(grid if isinstance(grid, int) else tuple(grid),
-                         block if isinstance(block, int) else tuple(block), int(shared_mem))
-    core_launch(_core_stream(s), cfg, handle.kernel, *converted)
-
-
-_configs: dict = {}
-
-
-def _launch_config(grid: tuple, block: tuple, shared_mem: int):
-    """One ``LaunchConfig`` per (grid, block, shared memory): building one validates its fields in
-    Python, a measurable part of a launch, and the same few shapes recur call after call."""
-    key = (grid, block, shared_mem)
-    cfg = _configs.get(key)
-    if cfg is None:
-        from cuda.core import LaunchConfig
-
-        if len(_configs) > 4096:  # (grids that follow the input size would otherwise pile up)
-            _configs.clear()
-        cfg = _configs[key] = LaunchConfig(grid=grid, block=block, shmem_size=shared_mem)
-    return cfg
+    cfg = launch_config(grid, block, shared_mem)
+    core_launch(cupy_stream(s), cfg, handle.kernel, *converted)
 
 
 def compile_timings() -> list[dict]:

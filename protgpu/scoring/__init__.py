@@ -3,8 +3,7 @@
 :func:`tm_score` and :func:`gdt` reproduce the TMscore program (SCORING.md); :func:`lddt` reproduces
 OpenStructure's lDDT (and biotite's with ``symmetry=False``). Each has a NumPy twin that is the
 specification and the CPU path, and a CUDA path (``kernels/tmscore.cu``, ``kernels/lddt.cu``).
-:mod:`protgpu.scoring.attention` holds distance-biased multi-head attention (``kernels/attention*.cu``);
-its function is exported as ``protgpu.attention`` (not here, so that the submodule keeps its name).
+Distance-biased attention is not a score: it lives in :mod:`protgpu.attention`.
 """
 
 from __future__ import annotations

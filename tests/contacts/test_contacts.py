@@ -23,13 +23,13 @@ from hypothesis import strategies as st
 import protgpu as pg
 from protgpu import _cuda
 from protgpu._array import Backend
+from protgpu._pbc import half_plane_spacing_sq
 from protgpu.contacts import (
     SCHEMES,
-    _contacts_cuda,
-    _interleaved_rows,
     allowed_pairs,
     contacts,
-    half_plane_spacing_sq,
+    contacts_cuda,
+    interleaved_rows,
     native_contacts,
     residue_distances_numpy,
     scheme_atoms,
@@ -38,7 +38,8 @@ from protgpu.errors import InputError
 from protgpu.structure import AtomTable, Structure
 
 md = pytest.importorskip("mdtraj")
-contacts_module = importlib.import_module("protgpu.contacts")  # protgpu.contacts is also the function
+contacts_api = importlib.import_module("protgpu.contacts.api")  # (protgpu.contacts is also the function)
+contacts_gpu = importlib.import_module("protgpu.contacts.cuda")
 pytestmark = pytest.mark.filterwarnings("ignore:Unlikely unit cell vectors:UserWarning")
 
 TOL = 1e-4  # Angstrom
@@ -113,7 +114,7 @@ def _random_system(rng, n_res, max_atoms, n_frames=2, empty_ok=True, scale=12.0,
 
 
 # --------------------------------------------------------------------------------------------------
-# The CUDA path on the CPU: protgpu.contacts' host code (_GPUPlan, _contacts_cuda, contacts(device="gpu"))
+# The CUDA path on the CPU: protgpu.contacts' host code (GPUPlan, contacts_cuda, contacts(device="gpu"))
 # runs unchanged against a NumPy stand-in for CuPy, and its kernel launches run _emulate_contact_map,
 # a statement-by-statement NumPy transcription of contact_map_body (PBC none). The emulation takes the
 # launch's arguments by the entry point's parameter names (parsed from kernels/contacts.cu) and its
@@ -296,20 +297,20 @@ def _emulated_gpu(max_threads=None, budget=1 << 30):
         mp.setitem(sys.modules, "cupy", _fake_cupy())
         mp.setattr(_cuda, "get_kernel", _fake_get_kernel)
         mp.setattr(_cuda, "launch", functools.partial(_fake_launch, record))
-        mp.setattr(contacts_module, "dispatch",
+        mp.setattr(contacts_api, "dispatch",
                    lambda *inputs, device="auto": Backend("numpy", "cpu" if device == "cpu" else "gpu"))
         mp.setenv("PROTGPU_GPU_MEMORY_BUDGET", str(int(budget)))
         if max_threads is not None:
-            mp.setattr(contacts_module, "_MAX_THREADS", int(max_threads))
+            mp.setattr(contacts_gpu, "MAX_THREADS", int(max_threads))
         yield record
 
 
 def _emulate_kernel(x, atom_idx, starts, chain, seq, *, min_sep, inter_chain, cutoff, RB, JT, COLS, RPT,
                     max_threads=256, budget=1 << 30):
-    """_contacts_cuda (dense, device outputs) on the emulated GPU with the given tile #defines. Returns
+    """contacts_cuda (dense, device outputs) on the emulated GPU with the given tile #defines. Returns
     its dist, contact and counts as NumPy arrays and how often each (frame, i, j) output was written."""
     with _emulated_gpu(max_threads=max_threads, budget=budget) as rec:
-        d, c, counts, _ = _contacts_cuda(x, atom_idx, starts, chain, seq, None, cutoff=cutoff, min_sep=min_sep,
+        d, c, counts, _ = contacts_cuda(x, atom_idx, starts, chain, seq, None, cutoff=cutoff, min_sep=min_sep,
                                          inter_chain=inter_chain, keep="dense", dense_on_host=False,
                                          defines={"RB": RB, "JT": JT, "COLS": COLS, "RPT": RPT})
         written = np.concatenate(rec["launches"])
@@ -557,7 +558,7 @@ def test_kernel_loop_emulation_equals_twin(seed, rb, jt, cols, rpt, dtype):
     want = residue_distances_numpy(x, atom_idx, starts, allowed)
     np.testing.assert_array_equal(dist, want)
     np.testing.assert_array_equal(contact, want < 9.0)
-    # the counts _contacts_cuda returns are already symmetric: the frames each pair is in contact
+    # the counts contacts_cuda returns are already symmetric: the frames each pair is in contact
     np.testing.assert_array_equal(counts, (want < 9.0).sum(axis=0))
 
 
@@ -565,7 +566,7 @@ def test_interleaved_rows_keep_each_block_and_mix_residues():
     starts = np.array([0, 3, 3, 8, 9, 15, 17])
     atom_idx = np.arange(100, 117)
     bounds = np.array([0, 3, 6])
-    row_idx, row_res = _interleaved_rows(atom_idx, starts, bounds)
+    row_idx, row_res = interleaved_rows(atom_idx, starts, bounds)
     assert row_idx[:8].tolist() == [100, 103, 101, 104, 102, 105, 106, 107]
     assert row_res[:8].tolist() == [0, 2, 0, 2, 0, 2, 2, 2]
     for b0, b1 in ((0, 8), (8, 17)):  # same atoms per block, each with its residue
@@ -596,7 +597,7 @@ def test_emulated_gpu_counts_each_pair_once_per_frame(datasets, scheme):
     res, idx, starts = scheme_atoms(t, scheme, None)
     chain, seq = np.zeros(len(res), np.int32), res.astype(np.int64)
     with _emulated_gpu() as rec:
-        d, c, counts, _ = _contacts_cuda(t.coords, idx, starts, chain, seq, None, cutoff=4.5, min_sep=3,
+        d, c, counts, _ = contacts_cuda(t.coords, idx, starts, chain, seq, None, cutoff=4.5, min_sep=3,
                                          inter_chain=True, keep="dense", dense_on_host=False)
         d, c, counts = d.get(), c.get(), counts.get()
     assert len(rec["launches"]) == 1 and (rec["launches"][0] == 1).all()

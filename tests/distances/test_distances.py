@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 import protgpu as pg
-from protgpu.distances import distances_numpy, normalize_box
+from protgpu._pbc import normalize_box
+from protgpu.distances import distances_numpy
 from protgpu.errors import InputError
 
 

@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 import protgpu as pg
 from protgpu.contacts import (
     SCHEMES,
-    _contacts_cuda,
-    _residue_keys,
     allowed_pairs,
     contacts,
+    contacts_cuda,
     native_contacts,
     residue_distances_numpy,
+    residue_keys,
     scheme_atoms,
 )
 from protgpu.structure import AtomTable, Structure
@@ -35,13 +35,13 @@ DEFINES = [
 
 def _setup(s, scheme="closest-heavy", residues=None, min_sep=3, inter_chain=True):
     res, idx, starts = scheme_atoms(s, scheme, residues)
-    chain, _ = _residue_keys(s, res)
+    chain, _ = residue_keys(s, res)
     seq = res.astype(np.int64)
     return idx, starts, chain, seq, allowed_pairs(chain, seq, min_sep, inter_chain)
 
 
 def _gpu_dense(gpu, x, idx, starts, chain, seq, box=None, defines=None, cutoff=4.5, min_sep=3, inter_chain=True):
-    d, c, counts, _ = _contacts_cuda(gpu.asarray(x), idx, starts, chain, seq, box, cutoff=cutoff, min_sep=min_sep,
+    d, c, counts, _ = contacts_cuda(gpu.asarray(x), idx, starts, chain, seq, box, cutoff=cutoff, min_sep=min_sep,
                                      inter_chain=inter_chain, keep="dense", dense_on_host=False, defines=defines)
     return d.get(), c.get(), counts.get()
 
@@ -76,7 +76,7 @@ def test_parity_on_adk_trajectory(gpu, adk_traj, scheme, dtype):
     ref64 = _assert_parity(d, x, idx, starts, allowed)
     near = np.abs(ref64 - 4.5) < TOL
     np.testing.assert_array_equal(c.view(bool)[~near], (ref64 < 4.5)[~near])
-    # _contacts_cuda already mirrors the kernel's upper-triangle counts: per pair, the frames in contact
+    # contacts_cuda already mirrors the kernel's upper-triangle counts: per pair, the frames in contact
     np.testing.assert_array_equal(counts, c.sum(axis=0))
 
 

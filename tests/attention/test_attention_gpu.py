@@ -13,8 +13,8 @@ import pytest
 from test_attention import flash_emulate, round16
 
 import protgpu as pg
-from protgpu.scoring import attention as att
-from protgpu.scoring.attention import attention, attention_numpy
+from protgpu.attention import attention, attention_numpy
+from protgpu.attention import flash as att
 
 pytestmark = pytest.mark.gpu
 

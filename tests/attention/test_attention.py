@@ -12,9 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import protgpu
-from protgpu.errors import InputError, MemoryBudgetError
-from protgpu.scoring import attention as att
-from protgpu.scoring.attention import (
+from protgpu.attention import (
     attention,
     attention_numpy,
     bf16_bits_to_float32,
@@ -24,6 +22,9 @@ from protgpu.scoring.attention import (
     float32_to_bf16_bits,
     fused_kernel,
 )
+from protgpu.attention import fast as att_fast
+from protgpu.attention import flash as att
+from protgpu.errors import InputError, MemoryBudgetError
 
 # --------------------------------------------------------------------------------------------------
 # helpers
@@ -427,16 +428,16 @@ def test_wgmma_kernel_only_for_its_tile_shape(monkeypatch, d):
     """The wgmma entry points are chosen only for d = 64 with the default tiles, without a cutoff, on a
     compute capability 9.0 device, and can be switched off (FA_WGMMA = 0); the mma.sync kernel
     otherwise."""
-    monkeypatch.setattr(att, "_wgmma_device", lambda: True)
+    monkeypatch.setattr(att, "wgmma_device", lambda: True)
     cfg = flash_config(d)
     assert cfg["FA_WGMMA"] == int(d == 64)
     for precision, suffix in (("bfloat16", "bf16"), ("float16", "f16")):
         assert att.flash_entry(precision, cfg, -1.0) == (
             (f"flash_attention_wg_{suffix}", True) if d == 64 else (f"flash_attention_{suffix}", False))
         assert att.flash_entry(precision, cfg, 100.0) == (f"flash_attention_{suffix}", False)  # cutoff
-    monkeypatch.setattr(att, "_wgmma_device", lambda: False)
+    monkeypatch.setattr(att, "wgmma_device", lambda: False)
     assert att.flash_entry("float16", cfg, -1.0) == ("flash_attention_f16", False)
-    monkeypatch.setattr(att, "_wgmma_device", lambda: True)
+    monkeypatch.setattr(att, "wgmma_device", lambda: True)
     for overrides in ({"FA_WGMMA": 0}, {"FA_BLOCK_N": 32}, {"FA_STAGES": 1}, {"FA_WARPS": 2}):
         monkeypatch.setattr(att, "FLASH_OVERRIDES", overrides)
         assert flash_config(d)["FA_WGMMA"] == 0
@@ -451,8 +452,8 @@ def test_fast_path_declines_host_and_weight_calls():
     q16 = q.astype(np.float16)
     for kw in ({}, {"return_weights": True}, {"method": "materialized"}, {"device": "cpu"}):
         args = {"return_weights": False, "method": "auto", "device": "auto", **kw}
-        assert att._fast_attention(q16, q16, q16, x, gamma, None, None, None, args["return_weights"],
-                                   args["method"], args["device"]) is None
+        assert att_fast.fast_attention(q16, q16, q16, x, gamma, None, None, None, args["return_weights"],
+                                        args["method"], args["device"]) is None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -635,3 +636,19 @@ def test_kernel_configurations_compile():
     # The largest float32 tile of the CUDA-core kernel (the float64 entry point drops out at d > 64).
     code = bytes(compile_cubin("attention", "sm_80", {"HEAD_DIM": 128}, cache=False).code)
     assert b"flash_simt_f32" in code and b"flash_simt_f64" not in code
+
+
+def test_fast_path_plan_tail_fits_the_kernel_signature():
+    # The fast path launches through a prepared plan (protgpu._cuda.plans): its scalar tail must match
+    # the entry point's trailing parameters (L, H, xstride, mstride, scale, cutoff2), and the rest are the
+    # seven pointers it passes. Building a plan needs no GPU.
+    pytest.importorskip("cuda.core")
+    from protgpu._cuda import loader, plans
+
+    for entry in loader.entry_points("attention_flash"):
+        handle = loader.KernelHandle(kernel=None, name=entry, params=loader.entry_points("attention_flash")[entry])
+        tail = (np.int32(4096), np.int32(8), np.int32(0), np.int32(0), np.float32(0.125), np.float32(-1.0))
+        plan = plans.build_plan(handle, (32, 8, 1), (128,), tail)
+        assert plan.n_pointers == 7 and plan.tail == tail
+    with pytest.raises(TypeError):
+        plans.build_plan(handle, 1, 128, (1.5,) * 6)  # L must be an integer
