@@ -73,7 +73,7 @@ def source_name(s, fallback: str) -> str:
     return os.path.basename(str(src)) if src else fallback
 
 
-def as_structure(x, what: str):
+def as_structure(x, what: str, *, top=None):
     """A :class:`~protgpu.Structure` for anything with atom tables.
 
     Parameters
@@ -82,6 +82,8 @@ def as_structure(x, what: str):
         A list is stacked as frames (its items must have the same atoms), as :func:`protgpu.load` does.
     what : str
         The argument's name, for messages.
+    top : optional
+        Topology for trajectory files that carry none, as :func:`protgpu.load` takes it.
 
     Returns
     -------
@@ -97,8 +99,8 @@ def as_structure(x, what: str):
     if has_topology(x):
         from .io import load
 
-        return load(x)
-    if is_array(x):
+        return load(x, top=top)
+    if is_array(x) or (isinstance(x, (list, tuple)) and x and all(is_array(i) for i in x)):
         raise InputError(f"{what}: a coordinate array has no atom names or residues; pass a Structure "
                          "(protgpu.load) or a file path")
     raise InputError(f"{what}: expected {FORMS}; got {type(x).__name__}")
@@ -116,6 +118,8 @@ def as_array(x, what: str):
     if is_cupy_array(x):
         _check_kind(x.dtype.kind, x.dtype, what)
         return x
+    if not isinstance(x, (list, tuple, np.ndarray)):
+        raise InputError(f"{what}: expected {FORMS}; got {type(x).__name__}")
     if isinstance(x, (list, tuple)) and x and any(is_cupy_array(i) or is_torch_tensor(i) for i in x):
         x = [to_numpy(i) for i in x]
     try:
@@ -140,7 +144,7 @@ def _check_kind(kind: str, dtype, what: str) -> None:
         raise InputError(f"{what}: coordinates must be numeric, got dtype {dtype}")
 
 
-def coordinates(x, what: str) -> Coordinates:
+def coordinates(x, what: str, *, top=None) -> Coordinates:
     """Resolve any documented input form into coordinates (and an atom table where there is one).
 
     Parameters
@@ -149,6 +153,8 @@ def coordinates(x, what: str) -> Coordinates:
         Structures and paths in a list are stacked as frames; arrays in a list are stacked as frames.
     what : str
         The argument's name, for messages when the input has no file name.
+    top : optional
+        Topology for trajectory files, as :func:`protgpu.load` takes it.
 
     Returns
     -------
@@ -162,7 +168,7 @@ def coordinates(x, what: str) -> Coordinates:
         Unknown type, non-numeric, complex or ragged arrays, or a file that fails to load.
     """
     if has_topology(x):
-        s = as_structure(x, what)
+        s = as_structure(x, what, top=top)
         return Coordinates(s.coords, s, source_name(s, what))
     if is_array(x) or isinstance(x, (list, tuple)):
         return Coordinates(as_array(x, what), None, what)

@@ -8,11 +8,10 @@ back), :func:`distances_numpy` (the NumPy twin: the specification and the CPU pa
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ._array import dispatch, to_numpy
+from ._inputs import check_finite, check_shape, coordinates, host_view
 from ._memory import check_host_fits, device_budget_bytes, rows_per_chunk
 from ._pbc import PBC_NONE, PBC_ORTHO, PBC_TRICLINIC, minimum_image_numpy, normalize_box
 from .errors import InputError
@@ -24,37 +23,20 @@ __all__ = ["distances"]  # distances_numpy: the CPU twin, for tests (distances(d
 # Input handling shared by both paths
 
 
-def _coords_of(x: Any, what: str):
-    """Coordinates of a Structure (its ``coords``) or the array itself; name for messages."""
-    coords = getattr(x, "coords", None)
-    if coords is not None and hasattr(x, "atoms"):
-        return coords, (getattr(x, "source", None) or what)
-    return x, what
-
-
 def _as_frames(x, name: str, be):
     """(N, 3) -> (1, N, 3) on the work device; validate (F, N, 3); float32 unless float64 came in.
 
-    Host input is checked for NaN/inf (naming the first bad frame). Device-resident input is not:
+    Host input is checked for NaN/inf (naming the first bad frame and atom). Device-resident input is not:
     the check would synchronise the caller's stream; NaN there propagates to NaN distances.
     """
     xp = be.xp
-    if be.kind == "numpy":
-        x = np.asarray(x)
-        if x.dtype.kind in "fc" and x.size and not np.isfinite(x).all():
-            bad = np.argwhere(~np.isfinite(x))[0]
-            where = f"frame {bad[0]} (atom {bad[1]})" if x.ndim == 3 else f"atom {bad[0]}"
-            raise InputError(f"{name}: NaN or infinite coordinates in {where}")
+    check_shape(x.shape, name)
+    check_finite(host_view(x, name), name)
     a = be.asarray(x)
     a = a.astype(xp.float64 if a.dtype == np.float64 else xp.float32, copy=False)
     squeeze = a.ndim == 2
     if squeeze:
         a = a[None]
-    if a.ndim != 3 or a.shape[-1] != 3:
-        raise InputError(f"{name}: coordinates must have shape (atoms, 3) or (frames, atoms, 3), "
-                         f"got {tuple(a.shape)}")
-    if a.shape[1] == 0:
-        raise InputError(f"{name}: no atoms")
     return xp.ascontiguousarray(a), squeeze
 
 
@@ -290,9 +272,9 @@ def distances(x, y=None, *, pairs=None, box=None, out=None, device: str = "auto"
     >>> pg.distances(x, pairs=[[0, 1]], box=[4.0, 4.0, 4.0], device="cpu")
     array([1.], dtype=float32)
     """
-    x, xname = _coords_of(x, "x")
+    x, _, xname = coordinates(x, "x")
     if y is not None:
-        y, yname = _coords_of(y, "y")
+        y, _, yname = coordinates(y, "y")
     be = dispatch(x, y, device=device)
     xa, squeeze = _as_frames(x, xname, be)
     ya = None

@@ -40,7 +40,8 @@ def pytest_collection_modifyitems(config, items):
     # Tests marked gpu without the fixture still get the gate.
     for item in items:
         if item.get_closest_marker("gpu") and "gpu" not in getattr(item, "fixturenames", ()):
-            item.fixturenames.append("gpu")
+            # a new list: the items of one parametrized function share one fixturenames list
+            item.fixturenames = [*item.fixturenames, "gpu"]
 
 
 @pytest.fixture(scope="session")
@@ -64,3 +65,26 @@ def reference_values(shared_datasets):
     import json
 
     return json.loads((shared_datasets / "REFERENCE_VALUES.json").read_text())
+
+
+def pytest_generate_tests(metafunc):
+    # The array-kind fixture's parameters, with the gpu mark on the CuPy one only (marks on a fixture's
+    # own params reach every test using the fixture).
+    if "array_kind" in metafunc.fixturenames:
+        kinds = ["numpy", "torch", pytest.param("cupy", marks=pytest.mark.gpu)]
+        metafunc.parametrize("array_kind", kinds, indirect=True)
+
+
+@pytest.fixture
+def array_kind(request):
+    """``(name, convert)``: ``convert`` turns a NumPy array into the same array of that library (NumPy,
+    torch on the CPU, CuPy). torch skips when it is not installed; CuPy needs a usable GPU (and fails
+    instead of skipping under ``PROTGPU_REQUIRE_GPU=1``, as every GPU test does)."""
+    kind = request.param
+    if kind == "numpy":
+        return kind, lambda a: a
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        return kind, lambda a: torch.from_numpy(a.copy())
+    cupy = request.getfixturevalue("gpu")
+    return kind, cupy.asarray

@@ -69,27 +69,34 @@ TOPOLOGY_FORMS = {"Structure", "str path", "pathlib.Path", "mdtraj.Trajectory", 
                   "list of Structures", "list of paths"}
 
 
-def _contacts(x, ref):
-    return pg.contacts(x, scheme="ca", cutoff=8.0, device="cpu").distances
+def _contacts(x, ref, device):
+    return pg.contacts(x, scheme="ca", cutoff=8.0, device=device).distances
 
 
-def _native(x, ref):
-    return pg.native_contacts(x, ref, selection="ca", cutoff=8.0, device="cpu").fraction
+def _native(x, ref, device):
+    return pg.native_contacts(x, ref, selection="ca", cutoff=8.0, device=device).q_hard
 
 
-# name -> (call(form, reference Structure) -> array, needs atom tables)
+# name -> (call(form, reference Structure, device) -> array, needs atom tables)
 FUNCTIONS = {
-    "distances": (lambda x, ref: pg.distances(x, device="cpu"), False),
-    "rmsd": (lambda x, ref: pg.rmsd(x, ref, device="cpu"), False),
-    "superpose": (lambda x, ref: pg.superpose(x, ref, device="cpu").rmsd, False),
-    "pairwise_rmsd": (lambda x, ref: pg.pairwise_rmsd(x, device="cpu"), False),
-    "tm_score": (lambda x, ref: pg.tm_score(x, ref, device="cpu").tm, False),
-    "gdt": (lambda x, ref: np.asarray(pg.gdt(x, ref, device="cpu")), False),
-    "lddt": (lambda x, ref: pg.lddt(x, ref), False),
-    "consensus_score": (lambda x, ref: pg.consensus_score(x, device="cpu"), False),
+    "distances": (lambda x, ref, device: pg.distances(x, device=device), False),
+    "rmsd": (lambda x, ref, device: pg.rmsd(x, ref, device=device), False),
+    "superpose": (lambda x, ref, device: pg.superpose(x, ref, device=device).rmsd, False),
+    "pairwise_rmsd": (lambda x, ref, device: pg.pairwise_rmsd(x, device=device), False),
+    "tm_score": (lambda x, ref, device: pg.tm_score(x, ref, device=device).tm, False),
+    "gdt": (lambda x, ref, device: np.asarray(pg.gdt(x, ref, device=device)), False),
+    "lddt": (lambda x, ref, device: pg.lddt(x, ref, device=device), False),
+    "consensus_score": (lambda x, ref, device: pg.consensus_score(x, device=device), False),
     "contacts": (_contacts, True),
     "native_contacts": (_native, True),
 }
+
+
+def _same(got, expected, form):
+    got = np.asarray(to_numpy(got), dtype=np.float64)
+    assert got.shape == expected.shape
+    # mdtraj holds nanometres in float32: its Angstrom differ from the file's in the 7th digit
+    np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-4 if "mdtraj" in form else 1e-5)
 
 
 @pytest.mark.parametrize("form", list(FORMS))
@@ -100,13 +107,48 @@ def test_every_function_takes_every_form(fn, form, ensemble):
     x = FORMS[form](s3, folder)
     if needs_atoms and form not in TOPOLOGY_FORMS:
         with pytest.raises(InputError, match=r"no atom names or residues; pass a Structure"):
-            call(x, ref)
+            call(x, ref, "cpu")
         return
-    expected = np.asarray(to_numpy(call(s3, ref)), dtype=np.float64)
-    got = np.asarray(to_numpy(call(x, ref)), dtype=np.float64)
+    expected = np.asarray(to_numpy(call(s3, ref, "cpu")), dtype=np.float64)
+    _same(call(x, ref, "cpu"), expected, form)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", [*FORMS, "device array"])
+@pytest.mark.parametrize("fn", list(FUNCTIONS))
+def test_every_function_takes_every_form_on_the_gpu(fn, form, ensemble, gpu):
+    """The same table on the GPU (device="gpu"), plus coordinates already on the device (CuPy)."""
+    s3, ref, folder = ensemble
+    call, needs_atoms = FUNCTIONS[fn]
+    x = gpu.asarray(s3.coords) if form == "device array" else FORMS[form](s3, folder)
+    if needs_atoms and form not in TOPOLOGY_FORMS:
+        with pytest.raises(InputError, match=r"no atom names or residues; pass a Structure"):
+            call(x, ref, "gpu")
+        return
+    expected = np.asarray(to_numpy(call(s3, ref, "cpu")), dtype=np.float64)
+    got = call(x, ref, "gpu")
+    if form == "device array":
+        assert not isinstance(got, np.ndarray)  # CuPy in, CuPy out
+    # the kernels reorder float32 sums: agreement to float32 rounding of the largest value
+    got = np.asarray(to_numpy(got), dtype=np.float64)
     assert got.shape == expected.shape
-    # mdtraj holds nanometres in float32: its Angstrom differ from the file's in the 7th digit
-    np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-4 if "mdtraj" in form else 1e-5)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-4 * max(1.0, float(np.abs(expected).max())))
+
+
+@pytest.mark.parametrize("fn", list(FUNCTIONS))
+def test_every_function_takes_each_array_kind(fn, ensemble, array_kind):
+    """NumPy, torch (and CuPy on the GPU) arrays, through the array-kind fixture."""
+    s3, ref, _ = ensemble
+    kind, convert = array_kind
+    call, needs_atoms = FUNCTIONS[fn]
+    device = "gpu" if kind == "cupy" else "cpu"
+    if needs_atoms:
+        with pytest.raises(InputError, match=r"no atom names or residues"):
+            call(convert(s3.coords), ref, device)
+        return
+    expected = np.asarray(to_numpy(call(s3, ref, "cpu")), dtype=np.float64)
+    got = np.asarray(to_numpy(call(convert(s3.coords), ref, device)), dtype=np.float64)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-4 * max(1.0, float(np.abs(expected).max())))
 
 
 BAD = {
@@ -136,11 +178,11 @@ def test_every_function_gives_the_same_error(fn, bad, ensemble):
     s3, ref, _ = ensemble
     make, message = BAD[bad]
     with pytest.raises(InputError, match=message):
-        FUNCTIONS[fn][0](make(s3.coords), ref)
+        FUNCTIONS[fn][0](make(s3.coords), ref, "cpu")
 
 
 def test_unknown_type_is_named(ensemble):
     s3, ref, _ = ensemble
     for fn in ("distances", "rmsd", "pairwise_rmsd", "tm_score", "lddt", "consensus_score", "contacts"):
         with pytest.raises(InputError, match=r"expected a Structure, a file path, .*; got dict"):
-            FUNCTIONS[fn][0]({"x": 1}, ref)
+            FUNCTIONS[fn][0]({"x": 1}, ref, "cpu")

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _inputs
 from .._array import array_kind, is_torch_tensor, to_numpy
 from ..errors import InputError
 from .reference import bf16_bits_to_float32, float32_to_bf16_bits
@@ -99,11 +100,12 @@ def _wrap_bf16(bits, be, like_dtype):
 
 
 def _coords_input(coords):
-    """CA coordinates of a Structure (frames, L, 3), or the array itself."""
-    if hasattr(coords, "atoms") and hasattr(coords, "select") and hasattr(coords, "coords"):
-        name = getattr(coords, "source", None) or "coords"
-        return coords.select("ca").coords, name
-    return coords, "coords"
+    """CA coordinates (frames, L, 3) of anything with atom tables (a Structure, path, mdtraj or Bio.PDB
+    object: through the front door, :mod:`protgpu._inputs`), or the array itself; and its name."""
+    if _inputs.has_topology(coords):
+        s = _inputs.as_structure(coords, "coords")
+        return s.select("ca").coords, _inputs.source_name(s, "coords")
+    return _inputs.as_array(coords, "coords"), "coords"
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,19 @@
-"""Input resolution of the contact functions, kept in one place: a Structure from what the caller gave
-(:func:`as_structure`) and the coordinates to work on (:func:`work_coords`)."""
+"""Inputs of the contact functions: a Structure through the front door (:mod:`protgpu._inputs`) and the
+coordinates to work on (:func:`work_coords`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .._array import get_namespace, is_cupy_array, to_numpy
+from .. import _inputs
+from .._array import get_namespace, to_numpy
 from ..errors import InputError
 
 
 def as_structure(obj, what: str, top=None):
-    if hasattr(obj, "coords") and hasattr(obj, "atoms") and hasattr(obj, "residues"):
-        return obj
-    from ..io import load
-
-    if isinstance(obj, np.ndarray) or is_cupy_array(obj):
-        raise InputError(f"{what}: contacts need residues; give a Structure (protgpu.load) rather than a bare array")
-    return load(obj, top=top)
+    """The Structure of any input form with atom tables (:func:`protgpu._inputs.as_structure`); a bare
+    array is an error: contacts are between residues."""
+    return _inputs.as_structure(obj, what, top=top)
 
 
 def work_coords(structure, coords, be, what):
@@ -26,14 +23,12 @@ def work_coords(structure, coords, be, what):
     work runs on the GPU, which then copies them over frame chunk by frame chunk (a trajectory need
     not fit in device memory).
     """
-    src = structure.coords if coords is None else coords
+    src = structure.coords if coords is None else _inputs.as_array(coords, what)
     if be.on_gpu and be.kind in ("cupy", "torch-cuda"):
         a = be.asarray(src)
     else:
         a = np.asarray(to_numpy(src))
     xp = get_namespace(a)
-    if a.dtype.kind not in "fiu":
-        raise InputError(f"{what}: coords must be numeric, got dtype {a.dtype}")
     a = a.astype(xp.float64 if a.dtype == np.float64 else xp.float32, copy=False)
     if a.ndim == 2:
         a = a[None]
@@ -41,6 +36,9 @@ def work_coords(structure, coords, be, what):
         raise InputError(f"{what}: coords must have shape (frames, {structure.n_atoms}, 3), got {tuple(a.shape)}")
     if a.shape[0] == 0:
         raise InputError(f"{what}: no frames")
-    if coords is not None and not bool(xp.isfinite(a).all()):
-        raise InputError(f"{what}: NaN or infinite coordinates")
+    if coords is not None:
+        if xp is np:
+            _inputs.check_finite(a, what)
+        elif not bool(xp.isfinite(a).all()):  # device coords: one reduction (contacts read them all anyway)
+            raise InputError(f"{what}: NaN or infinite coordinates")
     return xp.ascontiguousarray(a)

@@ -379,7 +379,12 @@ def _gemmi_text(s: Structure, *, mmcif: bool) -> str:
     st.setup_entities()
     if mmcif:
         return st.make_mmcif_document().as_string()
-    return st.make_pdb_string(gemmi.PdbWriteOptions(minimal=True, preserve_serial=True))
+    text = st.make_pdb_string(gemmi.PdbWriteOptions(minimal=True, preserve_serial=True))
+    # gemmi writes a "CRYST1 1 1 1" placeholder for a structure without a cell; readers (mdtraj, and
+    # protgpu's own) take that as "no box", but a file with no CRYST1 says so plainly.
+    if text.startswith("CRYST1    1.000    1.000    1.000"):
+        text = text.split("\n", 1)[1]
+    return text
 
 
 def _write_mdtraj(s: Structure, tmp: str, ext: str) -> None:
