@@ -116,10 +116,13 @@ def run(args) -> int:
         targets = ({paths[0]: args.plot} if len(paths) == 1 else
                    {path: str(p.with_name(f"{p.stem}_{stem}{p.suffix}"))
                     for path, stem in zip(paths, stem_keys(paths), strict=True)})
-    job = ContactsJob(scheme=args.scheme, cutoff=args.cutoff, min_separation=args.min_separation,
-                      residues=args.select, frequency=args.frequency, output="pairs" if args.pairs else "dense",
-                      inter_chain=not args.no_inter_chain, periodic=not args.no_periodic, top=args.top,
-                      device=device, on_map=functools.partial(_draw, targets) if targets else None)
+    try:
+        job = ContactsJob(scheme=args.scheme, cutoff=args.cutoff, min_separation=args.min_separation,
+                          residues=args.select, frequency=args.frequency, output="pairs" if args.pairs else "dense",
+                          inter_chain=not args.no_inter_chain, periodic=not args.no_periodic, top=args.top,
+                          device=device, on_map=functools.partial(_draw, targets) if targets else None)
+    except InputError as exc:  # protgpu.contacts checked the parameters: say it with the option names
+        raise InputError(_cli_words(str(exc))) from None
 
     def show(r) -> None:
         if not args.quiet and r.ok and r.rows:
@@ -127,12 +130,7 @@ def run(args) -> int:
             how = "resumed" if r.resumed else f"{row['device'].upper()}, {row['seconds']:.3f} s"
             print(f"{r.input}: {row['summary']}; {how}", flush=True)
 
-    try:
-        summary = run_job(args, job, paths, description="contacts", on_result=show)
-    except InputError as exc:  # protgpu.contacts checks the parameters: say it with the option names
-        if _cli_words(str(exc)) == str(exc):
-            raise
-        raise InputError(_cli_words(str(exc))) from None
+    summary = run_job(args, job, paths, description="contacts", on_result=show)
     where = job_device(args)[1]
     if args.out and len(paths) == 1 and not args.shard and summary.n_ok == 1:
         _bare_single_input(str(summary.out))

@@ -6,6 +6,8 @@ picks the backend and converts back; the work runs in :mod:`protgpu.contacts.num
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from .._array import dispatch, get_namespace, to_numpy
@@ -15,9 +17,39 @@ from .cuda import contacts_cuda
 from .inputs import as_structure, work_coords
 from .maps import ContactMap, NativeContacts
 from .numpy_twin import contacts_cpu
-from .schemes import _upper, allowed_block, allowed_pairs, residue_keys, scheme_atoms
+from .schemes import SCHEMES, _upper, allowed_block, allowed_pairs, residue_keys, scheme_atoms
 
 __all__ = ["contacts", "native_contacts"]
+
+
+def check_parameters(*, scheme: str = "closest-heavy", cutoff: float = 4.5, min_separation: int = 3,
+                     output: str = "dense") -> None:
+    """The one check of :func:`contacts`' parameters, which the contacts job also runs before it reads
+    any input (so that a bad ``--cutoff`` stops a batch at once instead of failing every input).
+
+    Raises
+    ------
+    InputError
+        An unknown scheme or output, a cutoff that is not a positive finite number of Angstrom, a
+        min_separation that is not a non-negative integer.
+
+    Warns
+    -----
+    UserWarning
+        A cutoff below 1 Angstrom, which finds no contacts between residues: usually a value in nm.
+    """
+    if scheme not in SCHEMES:
+        raise InputError(f"scheme {scheme!r}: choose from {', '.join(SCHEMES)}")
+    if output not in ("dense", "pairs"):
+        raise InputError(f"output must be 'dense' or 'pairs', not {output!r}")
+    if isinstance(cutoff, bool) or not (isinstance(cutoff, (int, float, np.integer, np.floating))
+                                        and np.isfinite(cutoff) and cutoff > 0):
+        raise InputError(f"cutoff must be a positive number of Angstrom, got {cutoff!r}")
+    if isinstance(min_separation, bool) or not isinstance(min_separation, (int, np.integer)) or min_separation < 0:
+        raise InputError(f"min_separation must be a non-negative integer, got {min_separation!r}")
+    if cutoff < 1.0:
+        warnings.warn(f"cutoff={cutoff:g} Angstrom: protgpu's distances are in Angstrom (1 nm = 10 A), and "
+                      "residues are never this close", UserWarning, stacklevel=3)
 
 
 def contacts(structure, *, scheme: str = "closest-heavy", cutoff: float = 4.5, min_separation: int = 3,
@@ -79,12 +111,7 @@ def contacts(structure, *, scheme: str = "closest-heavy", cutoff: float = 4.5, m
     >>> bool((cm.distances[0] == cm.distances[0].T).all())
     True
     """
-    if output not in ("dense", "pairs"):
-        raise InputError(f"output must be 'dense' or 'pairs', not {output!r}")
-    if not (isinstance(cutoff, (int, float, np.integer, np.floating)) and np.isfinite(cutoff) and cutoff > 0):
-        raise InputError(f"cutoff must be a positive number of Angstrom, got {cutoff!r}")
-    if isinstance(min_separation, bool) or not isinstance(min_separation, (int, np.integer)) or min_separation < 0:
-        raise InputError(f"min_separation must be a non-negative integer, got {min_separation!r}")
+    check_parameters(scheme=scheme, cutoff=cutoff, min_separation=min_separation, output=output)
     s = as_structure(structure, "structure", top=top)
     what = s.source or "structure"
     res_sel, atom_idx, starts = scheme_atoms(s, scheme, residues)

@@ -182,14 +182,23 @@ def test_contacts_job_from_python_equals_contacts(datasets):
         ContactsJob(scheme="cb")
 
 
+@pytest.mark.parametrize("keep_going", [[], ["--keep-going"]])
 @pytest.mark.parametrize("option, value", [("--cutoff", "-1"), ("--cutoff", "nan"), ("--min-separation", "-2")])
-def test_contacts_bad_parameter_is_one_line_in_cli_words(folder, tmp_path, capsys, option, value):
-    """protgpu.contacts checks its parameters (once); the command names the option, exits 2, writes nothing."""
+def test_contacts_bad_parameter_is_one_line_in_cli_words(folder, tmp_path, capsys, option, value, keep_going):
+    """protgpu.contacts checks its parameters (once, before any input is read); the command names the
+    option, exits 2, writes nothing - with --keep-going too (a parameter is no input's failure)."""
     out = tmp_path / "m.npz"
-    assert cli("contacts", folder, option, value, "--device", "cpu", "-o", out) == 2
+    assert cli("contacts", folder, option, value, "--device", "cpu", "-o", out, *keep_going) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{option} must be" in err and "Traceback" not in err
-    assert not out.exists()
+    assert not out.exists() and not (tmp_path / "m.npz.errors.tsv").exists()
+
+
+def test_contacts_cutoff_in_nanometres_warns(datasets):
+    from protgpu.contacts import contacts
+
+    with pytest.warns(UserWarning, match=r"cutoff=0.45 Angstrom: .* in Angstrom \(1 nm = 10 A\)"):
+        contacts(datasets / "adk_open.pdb", cutoff=0.45, device="cpu")
 
 
 # --------------------------------------------------------------------------------------------------

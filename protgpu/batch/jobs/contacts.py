@@ -7,7 +7,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ...errors import InputError
 from ..job import Job, warm_device
 from ..results import Result
 
@@ -42,12 +41,11 @@ class ContactsJob(Job):
                  residues=None, frequency: bool = False, output: str = "dense", inter_chain: bool = True,
                  periodic: bool = True, top=None, device: str = "auto", on_map: Callable | None = None,
                  batch_size: int = 32):
-        from ...contacts import SCHEMES
+        from ...contacts.api import check_parameters
 
-        # The other parameters are checked by protgpu.contacts (once, for every input); an unknown scheme
-        # is refused here already, before any input is read
-        if scheme not in SCHEMES:
-            raise InputError(f"scheme {scheme!r}: choose from {', '.join(SCHEMES)}")
+        # protgpu.contacts' own check, before any input is read: a bad parameter stops the run at once
+        # (with --keep-going too) instead of failing every input
+        check_parameters(scheme=scheme, cutoff=cutoff, min_separation=min_separation, output=output)
         self.scheme = scheme
         self.cutoff = float(cutoff)
         # an integer as given (bool, np.int64: as int() makes it); anything else is for contacts() to refuse
