@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass
@@ -111,9 +112,7 @@ def gpu_available() -> bool:
     if n < 1:
         _gpu_reason = "no CUDA device visible"
         return False
-    try:
-        import cuda.core  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("cuda.core") is None:  # looked up, not imported: protgpu._cuda uses it
         _gpu_reason = "cuda-core is not installed (pip install 'protgpu[cuda]')"
         return False
     _gpu_reason = None

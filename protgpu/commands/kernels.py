@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 from ..errors import KernelCompileError
@@ -17,10 +18,8 @@ def register(sub, common) -> None:
 def run(args) -> int:
     from .._cuda import loader
 
-    try:
-        import cuda.core  # noqa: F401
-    except ImportError:
-        raise KernelCompileError("cuda-core is not installed: pip install 'protgpu[cuda]'") from None
+    if importlib.util.find_spec("cuda.core") is None:
+        raise KernelCompileError("cuda-core is not installed: pip install 'protgpu[cuda]'")
     if not args.check:
         for name in loader.kernel_files():
             for entry, params in loader.entry_points(name).items():
