@@ -1,5 +1,9 @@
 """Shared fixtures: where the datasets are, and the GPU gate.
 
+The parity data (``datasets/`` with ``REFERENCE_VALUES.json``, listed in ``datasets/PROVENANCE.md``) ships
+with the repository, so no CPU test skips for want of data. The large benchmark corpus
+(``../shared/datasets/structures``) is not shipped and no test uses it: only the benchmarks read it.
+
 GPU tests carry ``@pytest.mark.gpu`` and take the ``gpu`` fixture. Without a usable GPU they skip,
 unless ``PROTGPU_REQUIRE_GPU=1`` is set (as on the GPU machine), in which case they fail: a skipped GPU
 suite proves nothing.
@@ -14,7 +18,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DATASETS = REPO / "datasets"
-SHARED_DATASETS = REPO.parent / "shared" / "datasets"
 
 
 def require_gpu() -> bool:
@@ -46,25 +49,24 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def datasets() -> Path:
-    """The repository's own ``datasets/`` folder."""
+    """The repository's own ``datasets/`` folder: the adenylate kinase files and the parity data
+    (``biopython/``, ``mdtraj/``, ``openstructure/``, ``usalign/``, ``REFERENCE_VALUES.json``)."""
     return DATASETS
 
 
 @pytest.fixture(scope="session")
-def shared_datasets() -> Path:
-    """``../shared/datasets`` beside the checkout; tests using it skip when it is absent (a user's
-    clone has none)."""
-    if not SHARED_DATASETS.is_dir():
-        pytest.skip("../shared/datasets is not present")
-    return SHARED_DATASETS
+def shared_datasets(datasets) -> Path:
+    """Alias of ``datasets``: the parity data shipped in ``datasets/`` (the name is from when it lived in
+    ``../shared/datasets`` beside the checkout)."""
+    return datasets
 
 
 @pytest.fixture(scope="session")
-def reference_values(shared_datasets):
-    """``REFERENCE_VALUES.json`` from the shared datasets, parsed."""
+def reference_values(datasets):
+    """``datasets/REFERENCE_VALUES.json``, parsed."""
     import json
 
-    return json.loads((shared_datasets / "REFERENCE_VALUES.json").read_text())
+    return json.loads((datasets / "REFERENCE_VALUES.json").read_text())
 
 
 def pytest_generate_tests(metafunc):

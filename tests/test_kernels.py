@@ -12,6 +12,7 @@ from protgpu._cuda.cache import ChecksummedProgramCache  # noqa: E402
 
 
 def test_every_kernel_compiles_for_sm80_and_sm90():
+    # The one test of the suite that compiles every kernel (~30 s); the others compile one kernel.
     records = loader.check_all(("sm_80", "sm_90"))
     names = {r["kernel"] for r in records}
     assert names == set(loader.kernel_files())
@@ -48,23 +49,23 @@ def test_compile_error_is_reported(tmp_path, monkeypatch):
 
 
 def test_cache_hit_and_corrupt_entry_is_rebuilt(tmp_path):
-    cache = ChecksummedProgramCache(tmp_path)
-    first = loader.compile_cubin("distances", "sm_90", cache=cache)
+    cache = ChecksummedProgramCache(tmp_path)  # lddt: the quickest kernel to compile (~0.5 s)
+    first = loader.compile_cubin("lddt", "sm_90", cache=cache)
     assert len(cache) == 1
-    again = loader.compile_cubin("distances", "sm_90", cache=cache)
+    again = loader.compile_cubin("lddt", "sm_90", cache=cache)
     assert bytes(again.code) == bytes(first.code)
     # Flip a byte in the middle of the stored cubin: the next read must miss and recompile.
     entry = next(tmp_path.glob("*.cubin"))
     blob = bytearray(entry.read_bytes())
     blob[len(blob) // 2] ^= 0xFF
     entry.write_bytes(bytes(blob))
-    rebuilt = loader.compile_cubin("distances", "sm_90", cache=cache)
+    rebuilt = loader.compile_cubin("lddt", "sm_90", cache=cache)
     assert cache.corrupt_entries_dropped == 1
     assert bytes(rebuilt.code) == bytes(first.code)
-    assert cache.get(loader._cache_key("distances", "sm_90")) == bytes(first.code)
+    assert cache.get(loader._cache_key("lddt", "sm_90")) == bytes(first.code)
     # A truncated entry too.
     entry.write_bytes(entry.read_bytes()[:20])
-    loader.compile_cubin("distances", "sm_90", cache=cache)
+    loader.compile_cubin("lddt", "sm_90", cache=cache)
     assert cache.corrupt_entries_dropped == 2
 
 
