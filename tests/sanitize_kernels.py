@@ -62,9 +62,9 @@ SECTIONS = {
     "distances": check_distances,
     "contacts": check_contacts,
     "attention": _from_test_module("test_attention_gpu", "check_attention_for_sanitizer", "attention"),
-    "scoring": _from_test_module("test_scoring_gpu", "check_scoring_for_sanitizer"),
+    "scoring": _from_test_module("test_scoring_gpu", "check_scoring_for_sanitizer", "scoring"),
     "superpose": _from_test_module("superpose.test_superpose_gpu", "check_superpose_for_sanitizer"),
-    "consensus": _from_test_module("test_consensus_gpu", "check_consensus_for_sanitizer"),
+    "consensus": _from_test_module("test_consensus_gpu", "check_consensus_for_sanitizer", "scoring"),
 }
 
 

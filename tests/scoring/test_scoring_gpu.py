@@ -249,7 +249,7 @@ def check_scoring_for_sanitizer() -> None:
                 assert (cupy.asnumpy(dev["gdt_counts"]) == cpu["gdt_counts"]).all(), ("gdt", dtype, smem)
             finally:
                 tm_mod._SMEM_LIMIT = 48 * 1024
-    s = load(__import__("pathlib").Path(__file__).resolve().parents[1] / "datasets" / "adk_open.pdb")
+    s = load(__import__("pathlib").Path(__file__).resolve().parents[2] / "datasets" / "adk_open.pdb")
     s = s.select("resid 1-23")
     x = s.coords + rng.normal(scale=0.8, size=(3, s.n_atoms, 3)).astype(np.float32)
     ref_l, coords, _ = lddt_inputs([s.select("not resid 4"), *x], s)
