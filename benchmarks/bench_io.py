@@ -1,9 +1,9 @@
 """Benchmark: loading PDB files with protgpu vs mdtraj and Biopython.
 
 Times ``protgpu.io.load``, ``mdtraj.load_pdb`` and ``Bio.PDB.PDBParser(QUIET=True).get_structure`` on
-the same files (the shipped ``datasets/adk_open.pdb``, plus ``../shared/datasets`` files when that
-folder exists). Each loader is warmed up, then ``--repeat`` rounds alternate the three tools, so that
-machine noise hits them alike. Each round times every tool in two ways (see :func:`bench_file`):
+the same files (the shipped ``datasets/adk_open.pdb`` and the parity data beside it). Each loader is
+warmed up, then ``--repeat`` rounds alternate the three tools, so that machine noise hits them alike.
+Each round times every tool in two ways (see :func:`bench_file`):
 five consecutive calls (the headline: how a program loading many files sees it) and one call right
 after the other tools' (caches cold). Calls are timed as timeit does (no garbage collection inside
 them; each run of consecutive calls collects before it starts). Prints a table with the speed-ups of protgpu over each
@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-SHARED = REPO.parent / "shared" / "datasets"
+SHARED = REPO / "datasets"  # the parity data shipped with the repository
 FILES = [
     REPO / "datasets" / "adk_open.pdb",
     SHARED / "openstructure" / "7W1F_B_target.pdb",

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from _common import HERE, print_table, time_cpu, time_gpu, write_results
 
-SHARED = HERE.parent.parent / "shared" / "datasets"
+DATA = HERE.parent / "datasets"  # the parity data shipped with the repository
 
 
 # --------------------------------------------------------------------------------------------------
@@ -42,7 +42,7 @@ def reference_structure(n_res: int):
     """The reference: the first ``n_res`` residues of 7W1F chain B (or of adk_open.pdb), heavy atoms."""
     import protgpu as pg
 
-    path = SHARED / "openstructure" / "7W1F_B_target.pdb"
+    path = DATA / "openstructure" / "7W1F_B_target.pdb"
     if not path.is_file():
         path = HERE.parent / "datasets" / "adk_open.pdb"
     s = pg.load(path).select("heavy")
