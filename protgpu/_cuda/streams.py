@@ -86,4 +86,6 @@ def cupy_stream(stream):
     import cupy
 
     device_id = getattr(stream, "device_id", None)
-    return core_stream(stream.ptr, cupy.cuda.runtime.getDevice() if device_id is None else device_id, stream)
+    if device_id is None or device_id < 0:  # CuPy's null stream says -1: it is the current device's
+        device_id = cupy.cuda.runtime.getDevice()
+    return core_stream(stream.ptr, device_id, stream)
