@@ -179,17 +179,17 @@ def bench_cpu_parts(x, rows, max_tiles=8):
     blocks = [a[3 * i0:3 * i1] @ a[3 * j0:3 * j1].T for i0, i1, j0, j1 in sample]
     n_pairs = sum((i1 - i0) * (i1 - i0 - 1) // 2 if i0 == j0 else (i1 - i0) * (j1 - j0) for i0, i1, j0, j1 in sample)
 
-    def qcp(pool, group):
+    def run_qcp(pool, group):
         for bl, (i0, i1, j0, j1) in zip(blocks, sample, strict=True):
             pairwise_cpu.qcp_tile_numpy(bl, g[i0:i1], g[j0:j1], 1.0 / n, upper=i0 == j0, pool=pool, group=group)
 
     base, used = qcp.CHUNK_PAIRS, pairwise_cpu.qcp_group(threads)
     t_c1 = time_cpu(lambda: pairwise_cpu.centre_frames_numpy(x, None, None), repeat=3)
-    t_q1 = time_cpu(lambda: qcp(None, base), repeat=3)
+    t_q1 = time_cpu(lambda: run_qcp(None, base), repeat=3)
     with cf.ThreadPoolExecutor(threads) as pool:
         t_cn = time_cpu(lambda: pairwise_cpu.centre_frames_numpy(x, None, None, pool), repeat=3)
-        t_qn = time_cpu(lambda: qcp(pool, used), repeat=3)
-        t_qb = time_cpu(lambda: qcp(pool, base), repeat=3)
+        t_qn = time_cpu(lambda: run_qcp(pool, used), repeat=3)
+        t_qb = time_cpu(lambda: run_qcp(pool, base), repeat=3)
     q1, qn, qb = (n_pairs / t["median_s"] for t in (t_q1, t_qn, t_qb))
     rows.append({"case": f"all-vs-all {f}x{n} CPU parts",
                  "tool": f"protgpu CPU: centre {t_c1['median_s'] * 1e3:.1f} -> {t_cn['median_s'] * 1e3:.1f} ms "
