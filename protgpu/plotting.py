@@ -55,7 +55,7 @@ def _save_figure(fig, dest, dpi: int):
 
     fig.tight_layout()
     fmt = dest.suffix.lower().lstrip(".")
-    # The date is left out of SVG and PDF files, so that the same figure gives the same bytes.
+    # No date in an SVG or PDF file: a PDF of the same figure is then the same bytes.
     meta = {"svg": {"Date": None}, "pdf": {"CreationDate": None}}.get(fmt)
     return write_atomic(dest, lambda tmp: fig.savefig(tmp, dpi=dpi, format=fmt, metadata=meta))
 
