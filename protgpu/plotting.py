@@ -1,4 +1,5 @@
-"""Figures for the CLI and notebooks: labelled heatmaps and line plots written as PNG files.
+"""Figures for the CLI and notebooks: labelled heatmaps and line plots written as PNG, SVG or PDF
+files (by the file name's suffix, :data:`FIGURE_SUFFIXES`).
 
 :func:`heatmap` draws a matrix (contact maps, distance maps, pairwise RMSD) with a colour bar;
 :func:`line_plot` draws one or more series against a shared x axis (RMSD against frame);
@@ -20,6 +21,9 @@ from .errors import InputError, ProtgpuError
 
 __all__ = ["heatmap", "line_plot", "per_residue_plot"]
 
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+"""The figure formats: matplotlib writes each with its own backend (PNG through Agg, SVG, PDF)."""
+
 
 def _matplotlib():
     try:
@@ -39,7 +43,8 @@ def _new_figure(figsize: tuple[float, float]):
 
 
 def _save_figure(fig, dest, dpi: int):
-    """Lay ``fig`` out and write it as a PNG at ``dest`` atomically (a temporary name, then a rename).
+    """Lay ``fig`` out and write it at ``dest`` atomically (a temporary name, then a rename), in the
+    format of ``dest``'s suffix (``dpi`` sets a PNG's pixels and the rasters inside an SVG or PDF).
 
     Returns
     -------
@@ -49,7 +54,10 @@ def _save_figure(fig, dest, dpi: int):
     from .io import write_atomic
 
     fig.tight_layout()
-    return write_atomic(dest, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
+    fmt = dest.suffix.lower().lstrip(".")
+    # No date in an SVG or PDF file: a PDF of the same figure is then the same bytes.
+    meta = {"svg": {"Date": None}, "pdf": {"CreationDate": None}}.get(fmt)
+    return write_atomic(dest, lambda tmp: fig.savefig(tmp, dpi=dpi, format=fmt, metadata=meta))
 
 
 def _tick_positions(n: int, max_ticks: int) -> np.ndarray:
@@ -68,17 +76,18 @@ def _labels(values, n: int, name: str, func: str = "heatmap", what: str = "rows/
     return out
 
 
-def _png_path(path, what: str):
+def _figure_path(path, what: str):
     from pathlib import Path
 
     dest = Path(path)
-    if dest.suffix.lower() != ".png":
-        raise InputError(f"{dest}: {what} are written as .png files")
+    if dest.suffix.lower() not in FIGURE_SUFFIXES:
+        raise InputError(f"{dest}: {what} are written as {', '.join(FIGURE_SUFFIXES)} files")
     return dest
 
 
-def require_png(path, option: str = "--plot") -> None:
-    """Check a CLI plot option before any work is done: a ``.png`` name, and matplotlib importable.
+def require_figure(path, option: str = "--plot") -> None:
+    """Check a CLI plot option before any work is done: a ``.png``, ``.svg`` or ``.pdf`` name, and
+    matplotlib importable.
 
     Parameters
     ----------
@@ -90,11 +99,11 @@ def require_png(path, option: str = "--plot") -> None:
     Raises
     ------
     InputError
-        The name does not end in ``.png``, or matplotlib is not installed (one line each, naming
-        ``option`` and the file).
+        The name does not end in one of :data:`FIGURE_SUFFIXES`, or matplotlib is not installed (one
+        line each, naming ``option`` and the file).
     """
-    if not str(path).lower().endswith(".png"):
-        raise InputError(f"{option} {path}: use a .png file name")
+    if not str(path).lower().endswith(FIGURE_SUFFIXES):
+        raise InputError(f"{option} {path}: use a .png, .svg or .pdf file name")
     try:
         _matplotlib()
     except ProtgpuError:
@@ -104,15 +113,18 @@ def require_png(path, option: str = "--plot") -> None:
 def heatmap(matrix, path, *, xlabels: Sequence | None = None, ylabels: Sequence | None = None,
             title: str | None = None, xlabel: str | None = None, ylabel: str | None = None,
             cbar_label: str | None = None, vmin: float | None = None, vmax: float | None = None,
-            cmap: str = "viridis", max_ticks: int = 20, dpi: int = 150, size: float = 6.0):
-    """Draw a 2-D array as a heatmap with labelled axes and a colour bar, and write it as a PNG.
+            cmap: str = "viridis", cbar_marks: dict | None = None, blocks: Sequence | None = None,
+            max_ticks: int = 20, dpi: int = 150, size: float = 6.0):
+    """Draw a 2-D array as a heatmap with labelled axes and a colour bar, and write it as a PNG, SVG
+    or PDF file.
 
     Parameters
     ----------
     matrix : array_like, shape (n_rows, n_cols)
         Values (NumPy, CuPy or torch). NaN and +-inf cells are left blank.
     path : str or os.PathLike
-        Output ``.png`` file, written atomically (a temporary file renamed into place).
+        Output ``.png``, ``.svg`` or ``.pdf`` file, written atomically (a temporary file renamed into
+        place).
     xlabels, ylabels : sequence, optional
         One label per column / row (residue numbers, ``"A:LYS12"`` labels, ...); at most
         ``max_ticks`` of them are shown, evenly spaced. Default: 0-based indices. ``ylabels``
@@ -120,9 +132,17 @@ def heatmap(matrix, path, *, xlabels: Sequence | None = None, ylabels: Sequence 
     title, xlabel, ylabel, cbar_label : str, optional
         Figure title, axis titles and colour-bar title.
     vmin, vmax : float, optional
-        Colour range (e.g. 0 and 1 for a frequency map). Default: the finite data range.
+        Colour range (e.g. 0 and 1 for a frequency map). Default: the finite data range. Values
+        beyond a given limit are drawn in the end colour, and the colour bar ends in an arrow on that
+        side to say so.
     cmap : str
         matplotlib colour map name.
+    cbar_marks : dict of float to str, optional
+        Values to mark on the colour bar with a line and a label (e.g. ``{4.5: "cutoff 4.5 Å"}``).
+    blocks : sequence of (str, int, int), optional
+        For a matrix whose rows and columns are the same items in order (frames of several inputs):
+        ``(label, start, stop)`` of each consecutive block. Lines part the blocks and labels along
+        the top edge name them (up to 30 blocks are labelled).
     max_ticks : int
         Most tick labels per axis.
     dpi : int
@@ -138,7 +158,8 @@ def heatmap(matrix, path, *, xlabels: Sequence | None = None, ylabels: Sequence 
     Raises
     ------
     InputError
-        ``matrix`` is not 2-D, a label list has the wrong length, or the path does not end in .png.
+        ``matrix`` is not 2-D, a label list has the wrong length, or the path does not end in .png,
+        .svg or .pdf.
     ProtgpuError
         matplotlib is not installed.
 
@@ -162,7 +183,7 @@ def heatmap(matrix, path, *, xlabels: Sequence | None = None, ylabels: Sequence 
     m = np.asarray(to_numpy(matrix), dtype=np.float64)
     if m.ndim != 2 or 0 in m.shape:
         raise InputError(f"heatmap: matrix must be a non-empty 2-D array, got shape {m.shape}")
-    dest = _png_path(path, "heatmaps")
+    dest = _figure_path(path, "heatmaps")
     n_rows, n_cols = m.shape
     xl = _labels(xlabels, n_cols, "xlabels")
     yl = _labels(ylabels, n_rows, "ylabels")
@@ -188,17 +209,60 @@ def heatmap(matrix, path, *, xlabels: Sequence | None = None, ylabels: Sequence 
         ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title, fontsize=9)
-    cbar = fig.colorbar(img, ax=ax, fraction=0.046, pad=0.04)
+    finite = m[np.isfinite(m)]
+    over = bool(vmax is not None and finite.size and finite.max() > vmax)
+    under = bool(vmin is not None and finite.size and finite.min() < vmin)
+    extend = {(True, True): "both", (True, False): "max", (False, True): "min"}.get((over, under), "neither")
+    cbar = fig.colorbar(img, ax=ax, fraction=0.046, pad=0.04, extend=extend)
     if cbar_label:
         cbar.set_label(cbar_label)
+    if cbar_marks:
+        _mark_colour_bar(cbar, cbar_marks)
+    if blocks:
+        _draw_blocks(ax, blocks, n_rows, n_cols)
     return _save_figure(fig, dest, dpi)
+
+
+def _mark_colour_bar(cbar, marks: dict) -> None:
+    """A red line across the colour bar at each value of ``marks``, with its label as a tick label
+    (numeric ticks too close to it are dropped so that the labels do not overlap)."""
+    lo, hi = cbar.mappable.get_clim()
+    near = 0.06 * (hi - lo)
+    ticks = {float(t): f"{t:g}" for t in cbar.get_ticks()
+             if lo <= t <= hi and all(abs(t - v) > near for v in marks)}
+    for value, text in marks.items():
+        cbar.ax.axhline(value, color="red", lw=1.5)
+        ticks[float(value)] = text
+    order = sorted(ticks)
+    cbar.set_ticks(order, labels=[ticks[t] for t in order])
+    for value, label in zip(order, cbar.ax.get_yticklabels(), strict=True):
+        if value in marks:
+            label.set_color("red")
+
+
+def _draw_blocks(ax, blocks, n_rows: int, n_cols: int) -> None:
+    """Lines between consecutive ``(label, start, stop)`` blocks of rows and columns, and the labels
+    along the top edge."""
+    starts = [int(a) for _, a, _ in blocks]
+    for a in starts[1:]:
+        if 0 < a < n_cols:
+            ax.axvline(a - 0.5, color="white", lw=1.0)
+        if 0 < a < n_rows:
+            ax.axhline(a - 0.5, color="white", lw=1.0)
+    if len(blocks) > 30:  # past that the labels overlap; the lines still show the blocks
+        return
+    centres = [(int(a) + int(b) - 1) / 2 for _, a, b in blocks]
+    names = [str(label) for label, _, _ in blocks]
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(centres)
+    top.set_xticklabels(names, rotation=30 if max(map(len, names)) > 6 else 0, ha="left", fontsize=6)
 
 
 def line_plot(values, path, *, x=None, xticklabels: Sequence | None = None, names: Sequence | None = None,
               title: str | None = None, xlabel: str | None = None, ylabel: str | None = None,
               ylim: tuple[float, float] | None = None, lines: bool = True, max_lines: int = 12, max_ticks: int = 15,
               dpi: int = 150, width: float | None = None):
-    """Draw one or more series against a shared x axis and write the figure as a PNG.
+    """Draw one or more series against a shared x axis and write the figure (PNG, SVG or PDF).
 
     Parameters
     ----------
@@ -206,7 +270,8 @@ def line_plot(values, path, *, x=None, xticklabels: Sequence | None = None, name
         The series (NumPy, CuPy or torch; any real dtype, drawn as float64). NaN and +-inf leave a
         gap, so series of different lengths can be padded with NaN.
     path : str or os.PathLike
-        Output ``.png`` file, written atomically (a temporary file renamed into place).
+        Output ``.png``, ``.svg`` or ``.pdf`` file, written atomically (a temporary file renamed into
+        place).
     x : array_like, shape (n_points,), optional
         x position of each point. Default: 0, 1, ..., n_points - 1.
     xticklabels : sequence, optional
@@ -241,7 +306,7 @@ def line_plot(values, path, *, x=None, xticklabels: Sequence | None = None, name
     ------
     InputError
         ``values`` is empty or has more than 2 dimensions, ``x``, ``xticklabels`` or ``names`` has the
-        wrong length, or the path does not end in .png.
+        wrong length, or the path does not end in .png, .svg or .pdf.
     ProtgpuError
         matplotlib is not installed.
 
@@ -265,7 +330,7 @@ def line_plot(values, path, *, x=None, xticklabels: Sequence | None = None, name
         y = y[None]
     if y.ndim != 2 or 0 in y.shape:
         raise InputError(f"line_plot: values must be a non-empty 1-D or 2-D array, got shape {y.shape}")
-    dest = _png_path(path, "line plots")
+    dest = _figure_path(path, "line plots")
     m, n = y.shape
     xs = np.arange(n, dtype=np.float64) if x is None else np.asarray(to_numpy(x), dtype=np.float64).ravel()
     if len(xs) != n:
@@ -315,7 +380,7 @@ def line_plot(values, path, *, x=None, xticklabels: Sequence | None = None, name
 def per_residue_plot(values, path, *, labels: Sequence | None = None, names: Sequence | None = None,
                      title: str | None = None, ylabel: str = "lDDT", ylim: tuple[float, float] | None = (0.0, 1.02),
                      xlabel: str = "reference residue", max_lines: int = 12, dpi: int = 150):
-    """Draw a per-residue score of one or more models along the sequence and write a PNG.
+    """Draw a per-residue score of one or more models along the sequence and write a figure.
 
     :func:`line_plot` with residue numbers on the x axis and, by default, the axis of a score in
     [0, 1] (per-residue lDDT, as ``protgpu score --plot`` draws it).
@@ -326,7 +391,7 @@ def per_residue_plot(values, path, *, labels: Sequence | None = None, names: Seq
         Per-residue values of M models over R residues; NaN (a residue absent from a model, or
         without pairs) leaves a gap.
     path : str or os.PathLike
-        Output ``.png`` file, written atomically.
+        Output ``.png``, ``.svg`` or ``.pdf`` file, written atomically.
     labels : sequence, optional
         One label per residue (residue numbers, or ``"A:12"`` as
         :func:`protgpu.scoring.lddt_residue_labels` gives them); about 15 are shown. Default: 1-based
@@ -351,7 +416,8 @@ def per_residue_plot(values, path, *, labels: Sequence | None = None, names: Seq
     Raises
     ------
     InputError
-        Empty ``values``, ``labels`` or ``names`` of the wrong length, or a path not ending in .png.
+        Empty ``values``, ``labels`` or ``names`` of the wrong length, or a path not ending in .png,
+        .svg or .pdf.
     ProtgpuError
         matplotlib is not installed.
 

@@ -234,7 +234,7 @@ def test_per_residue_plot_residue_numbers_and_score_axis(tmp_path, saved_figures
     ("line_plot", np.zeros((2, 5)), {"names": ["a"]}, "a.png", "names"),
     ("line_plot", np.zeros(5), {"x": [1, 2]}, "a.png", "x has 2"),
     ("line_plot", np.zeros(5), {"xticklabels": [1, 2]}, "a.png", "xticklabels"),
-    ("line_plot", np.zeros(5), {}, "a.svg", "png"),
+    ("line_plot", np.zeros(5), {}, "a.jpg", r"\.png, \.svg, \.pdf"),
     ("per_residue_plot", np.zeros(5), {"labels": [1, 2]}, "a.png", "xticklabels"),
     ("per_residue_plot", np.zeros(0), {}, "a.png", "non-empty"),
 ])
@@ -246,15 +246,60 @@ def test_line_plots_reject_bad_input_without_writing(tmp_path, func, values, kwa
     assert list(tmp_path.iterdir()) == []
 
 
-def test_require_png(tmp_path, monkeypatch):
-    from protgpu.plotting import require_png
+def test_require_figure(tmp_path, monkeypatch):
+    from protgpu.plotting import require_figure
 
-    require_png(tmp_path / "a.PNG")
-    with pytest.raises(InputError, match=r"--plot .*x\.jpg: use a \.png"):
-        require_png(tmp_path / "x.jpg")
+    for name in ("a.PNG", "a.svg", "a.pdf"):
+        require_figure(tmp_path / name)
+    with pytest.raises(InputError, match=r"--plot .*x\.jpg: use a \.png, \.svg or \.pdf"):
+        require_figure(tmp_path / "x.jpg")
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(InputError, match="--map .*needs matplotlib"):
-        require_png(tmp_path / "a.png", "--map")
+        require_figure(tmp_path / "a.png", "--map")
+
+
+@pytest.mark.parametrize("suffix, magic", [(".svg", b"<?xml"), (".pdf", b"%PDF-")])
+def test_figures_are_written_as_svg_and_pdf(tmp_path, suffix, magic):
+    """Issue 16: --plot writes .svg and .pdf as well as .png, each in its own format."""
+    from protgpu.plotting import heatmap, line_plot, per_residue_plot
+
+    heatmap(np.arange(36.0).reshape(6, 6), tmp_path / f"h{suffix}")
+    line_plot(np.arange(10.0), tmp_path / f"l{suffix}")
+    per_residue_plot(np.linspace(0, 1, 8), tmp_path / f"p{suffix}")
+    for name in ("h", "l", "p"):
+        data = (tmp_path / f"{name}{suffix}").read_bytes()
+        assert data.startswith(magic), data[:20]
+    if suffix == ".svg":  # a real SVG drawing, not a PNG in disguise
+        assert b"<svg" in (tmp_path / "h.svg").read_bytes()
+    else:  # the same figure gives the same bytes (no date inside)
+        heatmap(np.arange(36.0).reshape(6, 6), tmp_path / f"h2{suffix}")
+        assert (tmp_path / f"h2{suffix}").read_bytes() == (tmp_path / f"h{suffix}").read_bytes()
+    no_temp_files(tmp_path)
+
+
+def test_capped_colour_range_is_marked_not_silent(tmp_path, saved_figures):
+    """Values above vmax end the colour bar in an arrow (extend="max"); marks are labelled lines."""
+    from protgpu.plotting import heatmap
+
+    m = np.arange(36.0).reshape(6, 6)
+    heatmap(m, tmp_path / "capped.png", vmin=0.0, vmax=10.0, cbar_marks={4.5: "cutoff 4.5 Å"})
+    heatmap(m, tmp_path / "full.png", vmin=0.0, vmax=40.0)
+    capped, full = saved_figures
+    cbar = capped.axes[0].images[0].colorbar
+    assert cbar.extend == "max" and full.axes[0].images[0].colorbar.extend == "neither"
+    assert "cutoff 4.5 Å" in tick_texts(cbar.ax.yaxis)
+    assert any(np.allclose(line.get_ydata(), 4.5) for line in cbar.ax.get_lines())
+
+
+def test_heatmap_blocks_draw_lines_and_labels(tmp_path, saved_figures):
+    from protgpu.plotting import heatmap
+
+    heatmap(np.random.default_rng(0).random((9, 9)), tmp_path / "b.png",
+            blocks=[("a.dcd", 0, 4), ("b.dcd", 4, 9)])
+    ax = saved_figures[-1].axes[0]
+    assert [line.get_xdata()[0] for line in ax.get_lines() if line.get_xdata()[0] == line.get_xdata()[1]] == [3.5]
+    top = ax.child_axes[0]
+    assert tick_texts(top.xaxis) == ["a.dcd", "b.dcd"]
 
 
 def test_plotting_imports_matplotlib_only_to_draw(tmp_path):
@@ -399,16 +444,53 @@ def test_score_plot_per_residue_lddt(tmp_path, datasets, saved_figures, capsys):
 
 @pytest.mark.parametrize("argv", [
     ["contacts", "{d}/adk_open.pdb", "--plot", "{t}/x.jpg"],
-    ["rmsd", "{d}/adk_open.pdb", "--ref", "{d}/adk_closed.pdb", "--plot", "{t}/x.svg"],
-    ["pairwise-rmsd", "{d}/adk_open.pdb", "{d}/adk_closed.pdb", "--plot", "{t}/x.svg"],
-    ["score", "{d}/adk_closed.pdb", "--ref", "{d}/adk_open.pdb", "--plot", "{t}/x.pdf"],
+    ["rmsd", "{d}/adk_open.pdb", "--ref", "{d}/adk_closed.pdb", "--plot", "{t}/x.gif"],
+    ["pairwise-rmsd", "{d}/adk_open.pdb", "{d}/adk_closed.pdb", "--plot", "{t}/x.eps"],
+    ["score", "{d}/adk_closed.pdb", "--ref", "{d}/adk_open.pdb", "--plot", "{t}/x.tiff"],
 ])
-def test_plot_needs_a_png_name(tmp_path, datasets, capsys, argv):
+def test_plot_needs_a_figure_name(tmp_path, datasets, capsys, argv):
     argv = [a.format(d=datasets, t=tmp_path) for a in argv] + ["--device", "cpu", "-q"]
     code, _, err = run_cli(argv, capsys)
     assert code == 2
-    assert "png" in err and len(err.strip().splitlines()) == 1
-    assert not any(p.suffix in (".jpg", ".svg", ".pdf", ".png") for p in tmp_path.iterdir())
+    assert ".png, .svg or .pdf" in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command, argv", [
+    ("contacts", ["{d}/adk_open.pdb"]),
+    ("rmsd", ["{d}/adk_dims.dcd", "--top", "{d}/adk_open.pdb", "--ref", "{d}/adk_closed.pdb", "-s", "ca"]),
+    ("pairwise-rmsd", ["{d}/adk_open.pdb", "{d}/adk_closed.pdb", "-s", "ca"]),
+    ("score", ["{d}/adk_closed.pdb", "--ref", "{d}/adk_open.pdb", "--metrics", "lddt", "--jobs", "1"]),
+])
+@pytest.mark.parametrize("suffix, magic", [(".svg", b"<?xml"), (".pdf", b"%PDF-")])
+def test_every_plot_option_writes_svg_and_pdf(tmp_path, datasets, capsys, command, argv, suffix, magic):
+    fig = tmp_path / f"fig{suffix}"
+    code, _, err = run_cli([command, *(a.format(d=datasets) for a in argv), "--plot", fig, "--device", "cpu", "-q"],
+                           capsys)
+    assert code == 0, err
+    assert fig.read_bytes().startswith(magic)
+    assert [p.name for p in tmp_path.iterdir()] == [fig.name]
+
+
+def test_contacts_distance_map_marks_the_cutoff_and_the_cap(tmp_path, datasets, saved_figures, capsys):
+    """Issue 16: the colours stop at 4 x cutoff; the colour bar says so (arrow) and marks the cutoff."""
+    code, _, err = run_cli(["contacts", datasets / "adk_open.pdb", "--cutoff", "5", "--plot", tmp_path / "m.png",
+                            "--device", "cpu", "-q"], capsys)
+    assert code == 0, err
+    cbar = saved_figures[-1].axes[0].images[0].colorbar
+    assert cbar.extend == "max" and cbar.mappable.get_clim() == (0.0, 20.0)
+    assert "cutoff 5 Å" in tick_texts(cbar.ax.yaxis)
+
+
+def test_pairwise_rmsd_plot_of_several_inputs_shows_their_blocks(tmp_path, datasets, saved_figures, capsys):
+    code, _, err = run_cli(["pairwise-rmsd", datasets / "adk_open.pdb", datasets / "adk_dims.dcd",
+                            datasets / "adk_closed.pdb", "--top", datasets / "adk_open.pdb", "-s", "ca",
+                            "--plot", tmp_path / "p.png", "--device", "cpu", "-q"], capsys)
+    assert code == 0, err
+    ax = saved_figures[-1].axes[0]
+    vertical = sorted(line.get_xdata()[0] for line in ax.get_lines() if line.get_xdata()[0] == line.get_xdata()[1])
+    assert vertical == [0.5, 98.5]  # 1 frame, 98 frames, 1 frame
+    assert tick_texts(ax.child_axes[0].xaxis) == ["adk_open.pdb", "adk_dims.dcd", "adk_closed.pdb"]
 
 
 @pytest.mark.parametrize("argv", [

@@ -1,4 +1,4 @@
-"""``protgpu contacts INPUT... [--scheme] [--cutoff] [--frequency] [--out maps.npz] [--plot map.png]``:
+"""``protgpu contacts INPUT... [--scheme] [--cutoff] [--frequency] [--out maps.npz] [--plot map.png|.svg|.pdf]``:
 residue contact maps per input, with a short summary and an optional heatmap.
 
 Inputs run through the batch engine (:mod:`protgpu.batch`, job :class:`protgpu.batch.ContactsJob`):
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
-import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,18 +22,26 @@ import numpy as np
 from ..batch.inputs import expand_inputs
 from ..errors import InputError
 from ._batch_options import add_batch_options, job_device, late_device, report_failures, run_job
+from ._cli_text import add_out, add_parser, cli_words, translate_failures
 
 
 def register(sub, common) -> None:
     from ..contacts import SCHEMES
 
-    p = sub.add_parser(
-        "contacts", parents=common,
+    p = add_parser(
+        sub, "contacts", parents=common,
         help="residue contact maps and contact frequencies (mdtraj's schemes; Angstrom)",
         description="Residue-pair distances under a scheme, contacts below a cutoff and, over frames, "
                     "the fraction of frames in contact. --select picks the residues of the map (those "
-                    "with a selected atom); by default every residue with a CA atom.",
-    )
+                    "with a selected atom); by default every residue with a CA atom. Prints a table of "
+                    "one summary row per input.",
+        example=[("protgpu contacts datasets/adk_open.pdb --out adk_contacts.npz --plot map.png",
+                  "contact map of one structure, and its distance map as a figure"),
+                 ("protgpu contacts traj.dcd --top top.pdb --frequency --cutoff 8 --scheme ca -o freq.npz",
+                  "fraction of frames with each CA pair closer than 8 A"),
+                 ("protgpu contacts models/ -s 'chain A' --plot maps.svg",
+                  "one map per model of chain A's residues, maps_<stem>.svg each")])
+    add_out(p, ".npz (per input: distances, contacts, frequency, residue labels; plain names for one input)")
     p.add_argument("--top", "-t", help="topology file for trajectory inputs (PDB, mmCIF, ...)")
     p.add_argument("--scheme", choices=SCHEMES, default="closest-heavy",
                    help="residue distance: CA-CA, or closest (heavy / side-chain) atom pair (default: closest-heavy)")
@@ -45,8 +53,9 @@ def register(sub, common) -> None:
     p.add_argument("--frequency", action="store_true",
                    help="keep only the fraction of frames in contact (memory independent of frame count)")
     p.add_argument("--pairs", action="store_true", help="store contacts as sparse (frame, i, j, distance) records")
-    p.add_argument("--plot", metavar="PNG",
-                   help="write a heatmap (frequency map over frames, distance map for one frame)")
+    p.add_argument("--plot", metavar="FIGURE",
+                   help="write a heatmap, .png, .svg or .pdf (frequency map over frames, distance map for one "
+                        "frame); several inputs: one figure each, FIGURE_<stem>.<suffix>")
     add_batch_options(p)
     p.set_defaults(func=run)
 
@@ -64,13 +73,16 @@ def _plot(cm, path: str) -> None:
         heatmap(cm.frequency, path, xlabels=ticks, title=title, xlabel="residue", ylabel="residue",
                 cbar_label="fraction of frames in contact", vmin=0.0, vmax=1.0, cmap="viridis")
     else:
+        # Colours span 0..4 x cutoff, where contacts are told apart; the colour bar's arrow says that
+        # longer distances are drawn in the last colour, and a line on it marks the cutoff.
         d = np.asarray(cm.distances[0], dtype=np.float64)
         heatmap(d, path, xlabels=ticks, title=f"{name}: residue distances ({cm.scheme})", xlabel="residue",
-                ylabel="residue", cbar_label="distance (Å)", vmin=0.0, vmax=4 * cm.cutoff, cmap="viridis_r")
+                ylabel="residue", cbar_label="distance (Å)", vmin=0.0, vmax=4 * cm.cutoff, cmap="viridis_r",
+                cbar_marks={cm.cutoff: f"cutoff {cm.cutoff:g} Å"})
 
 
 def _draw(targets: dict, path: str, cm) -> None:
-    """ContactsJob's ``on_map``: the heatmap of one input, to its PNG (module level: picklable)."""
+    """ContactsJob's ``on_map``: the heatmap of one input, to its figure (module level: picklable)."""
     target = targets.get(path)
     if target:
         _plot(cm, target)
@@ -91,27 +103,21 @@ def _bare_single_input(out: str) -> None:
     write_output(out, lambda tmp: write_npz(tmp, items))
 
 
-_OPTION_OF = {"cutoff": "--cutoff", "min_separation": "--min-separation"}
-
-
-def _cli_words(message: str) -> str:
-    """A message of :func:`protgpu.contacts` about one of its parameters, with the CLI's option name."""
-    return re.sub(r"\b(cutoff|min_separation) must be", lambda m: f"{_OPTION_OF[m.group(1)]} must be", message)
-
-
 def run(args) -> int:
     from ..batch import ContactsJob
     from ..batch.writers import stem_keys
 
     if args.out and not args.out.endswith(".npz"):
         raise InputError(f"--out {args.out}: contact maps are several arrays; use a .npz file name")
-    if args.plot and not args.plot.lower().endswith(".png"):
-        raise InputError(f"--plot {args.plot}: use a .png file name")
+    if args.plot:
+        from ..plotting import require_figure
+
+        require_figure(args.plot)
     paths = expand_inputs(args.inputs)
     device = late_device(args)  # auto: decided by the job's warm-up, after the parse workers started
     targets: dict[str, str] = {}
     if args.plot:
-        # one PNG per input, named by the same unique stems as the .npz entries
+        # one figure per input, named by the same unique stems as the .npz entries
         p = Path(args.plot)
         targets = ({paths[0]: args.plot} if len(paths) == 1 else
                    {path: str(p.with_name(f"{p.stem}_{stem}{p.suffix}"))
@@ -122,13 +128,15 @@ def run(args) -> int:
                           inter_chain=not args.no_inter_chain, periodic=not args.no_periodic, top=args.top,
                           device=device, on_map=functools.partial(_draw, targets) if targets else None)
     except InputError as exc:  # protgpu.contacts checked the parameters: say it with the option names
-        raise InputError(_cli_words(str(exc))) from None
+        raise InputError(cli_words(str(exc), "contacts")) from None
+    if not args.quiet:
+        print("input\tsummary\tdevice\tseconds", flush=True)
 
     def show(r) -> None:
         if not args.quiet and r.ok and r.rows:
             row = r.rows[0]
-            how = "resumed" if r.resumed else f"{row['device'].upper()}, {row['seconds']:.3f} s"
-            print(f"{r.input}: {row['summary']}; {how}", flush=True)
+            how = "resumed\t" if r.resumed else f"{row['device'].upper()}\t{row['seconds']:.3f}"
+            print(f"{r.input}\t{row['summary']}\t{how}", flush=True)
 
     summary = run_job(args, job, paths, description="contacts", on_result=show)
     where = job_device(args)[1]
@@ -137,10 +145,11 @@ def run(args) -> int:
     if not args.quiet:
         dest = [f"maps to {summary.out}"] if summary.out else []
         if args.plot:
-            plots = args.plot if len(paths) == 1 else str(Path(args.plot).with_name(Path(args.plot).stem + "_*.png"))
+            p = Path(args.plot)
+            plots = args.plot if len(paths) == 1 else str(p.with_name(f"{p.stem}_*{p.suffix}"))
             dest.append(f"plot{'s' if len(paths) > 1 else ''} to {plots}")
         tail = f"; {', '.join(dest)}" if dest else ""
         resumed = f" ({summary.n_resumed} resumed)" if summary.n_resumed else ""
-        print(f"{summary.n_ok} input(s){resumed} on the {where} in {summary.elapsed_s:.2f} s{tail}")
-    report_failures(summary, "contacts")
+        print(f"{summary.n_ok} input(s){resumed} on the {where} in {summary.elapsed_s:.2f} s{tail}", file=sys.stderr)
+    report_failures(translate_failures(summary, "contacts"), "contacts")
     return summary.exit_code

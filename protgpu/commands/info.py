@@ -5,9 +5,16 @@ from __future__ import annotations
 import importlib.metadata as md
 import platform
 
+from ._cli_text import add_parser
+
 
 def register(sub, common) -> None:
-    p = sub.add_parser("info", help="show versions, the GPU, the kernel cache and kernel compile times")
+    p = add_parser(
+        sub, "info", help="show versions, the GPU, the kernel cache and kernel compile times",
+        description="Versions of protgpu and its dependencies, the GPU found (or why none is usable), the "
+                    "kernel cache folder and, on a GPU, each kernel's cold and warm compile/load time.",
+        example=[("protgpu info", "everything, timing the kernel compiles on a GPU"),
+                 ("protgpu info --no-compile", "without the compile timings (quick)")])
     p.add_argument("--no-compile", action="store_true", help="skip timing the kernel compiles")
     p.set_defaults(func=run)
 

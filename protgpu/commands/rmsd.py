@@ -1,13 +1,14 @@
 """``protgpu rmsd`` and ``protgpu pairwise-rmsd``: RMSD after optimal superposition (QCP).
 
-``protgpu rmsd INPUT... --ref REF [--select SEL] [--fit SEL] [--out FILE] [--superpose-out FILE] [--plot PNG]``
+``protgpu rmsd INPUT... --ref REF [--select SEL] [--fit SEL] [--out FILE] [--superpose-out FILE] [--plot FIG]``
     RMSD of every frame of every input to one reference frame, Angstrom. ``--fit`` picks the atoms
     superposed on (default: ``--select``, else all), ``--select`` the atoms measured. ``--plot`` draws
     RMSD against frame, one line per input (against input, for many single-frame inputs).
-``protgpu pairwise-rmsd INPUT... [--select SEL] [--out .npy|.npz|.zarr] [--plot heatmap.png]``
+``protgpu pairwise-rmsd INPUT... [--select SEL] [--out .npy|.npz|.zarr] [--plot map.png]``
     All-vs-all RMSD of the frames of all inputs (trajectories, multi-model files, or many
     single-structure files with the same atoms after selection), stacked in input order.
 
+``--plot`` writes ``.png``, ``.svg`` or ``.pdf``.
 ``rmsd`` runs through the batch engine (:class:`protgpu.batch.RmsdJob`): a table ``--out`` (``.csv``,
 ``.jsonl``, ``.parquet``; columns input, frame, rmsd_angstrom) is journaled input by input, so
 ``--resume``, ``--shard`` and the Dask options apply. ``.npy`` (the RMSD vector) and ``.npz``
@@ -33,14 +34,28 @@ import numpy as np
 from ..batch.inputs import expand_inputs
 from ..errors import InputError
 from ._batch_options import add_batch_options, job_device, late_device, report_failures, run_job
+from ._cli_text import add_out, add_parser, cli_words, translate_failures
 
 _RMSD_OUT = (".npy", ".npz", ".csv", ".jsonl", ".parquet")
 _PAIR_OUT = (".npy", ".npz", ".zarr")
 
 
 def register(sub, common) -> None:
-    p = sub.add_parser("rmsd", parents=common,
-                       help="RMSD of every frame to a reference after optimal superposition, Angstrom")
+    p = add_parser(
+        sub, "rmsd", parents=common,
+        help="RMSD of every frame to a reference after optimal superposition, Angstrom",
+        description="RMSD of every frame of every input to one reference frame after optimal superposition "
+                    "(QCP), Angstrom. --fit picks the atoms superposed on (default: --select, else all), "
+                    "--select the atoms measured. Without --out, stdout is a table (input, frame, "
+                    "rmsd_angstrom) and the summary goes to stderr.",
+        example=[("protgpu rmsd traj.dcd --top top.pdb --ref ref.pdb --select ca > rmsd.tsv",
+                  "CA RMSD of every frame, as a tab-separated table"),
+                 ("protgpu rmsd models/*.pdb --ref native.pdb --fit ca --select heavy -o rmsd.csv",
+                  "superpose on CA atoms, measure heavy atoms; a resumable table"),
+                 ("protgpu rmsd traj.xtc -t top.pdb -r top.pdb --superpose-out aligned.xtc --plot rmsd.svg",
+                  "keep the aligned frames and draw RMSD against frame")])
+    add_out(p, ".csv, .jsonl or .parquet (rows input, frame, rmsd_angstrom; journaled, resumable), "
+               ".npy (the RMSD vector) or .npz (rmsd, input, frame), written in one piece at the end")
     p.add_argument("--ref", "-r", required=True, help="reference structure (PDB/mmCIF, or a trajectory with --top)")
     p.add_argument("--ref-frame", type=int, default=0, help="frame (model) of the reference to use (default 0)")
     p.add_argument("--fit", "-f", default=None,
@@ -49,20 +64,32 @@ def register(sub, common) -> None:
     p.add_argument("--top", "-t", help="topology file for trajectory inputs (PDB, mmCIF, ...)")
     p.add_argument("--superpose-out", metavar="FILE",
                    help="write every input frame moved onto the reference (.pdb, .xtc, .dcd, ...)")
-    p.add_argument("--plot", metavar="PNG", help="draw RMSD against frame as a line plot (.png, needs matplotlib)")
+    p.add_argument("--plot", metavar="FIGURE",
+                   help="draw RMSD against frame as a line plot (.png, .svg or .pdf; needs matplotlib)")
     add_batch_options(p)
-    p.epilog = ("--out: .csv, .jsonl or .parquet (rows input, frame, rmsd_angstrom; journaled, resumable), "
-                ".npy (the RMSD vector) or .npz (rmsd, input, frame), written in one piece at the end")
     p.set_defaults(func=run_rmsd)
 
-    q = sub.add_parser("pairwise-rmsd", parents=common,
-                       help="all-vs-all RMSD matrix of the frames of all inputs, Angstrom")
+    q = add_parser(
+        sub, "pairwise-rmsd", parents=common,
+        help="all-vs-all RMSD matrix of the frames of all inputs, Angstrom",
+        description="All-vs-all RMSD after optimal superposition of the frames of all inputs (trajectories, "
+                    "multi-model files, or many single-structure files with the same atoms after --select), "
+                    "stacked in input order, Angstrom. Prints one summary line.",
+        example=[("protgpu pairwise-rmsd traj.dcd --top top.pdb --select ca --out matrix.npy",
+                  "the (frames, frames) matrix, streamed to disk tile by tile"),
+                 ("protgpu pairwise-rmsd models/*.pdb -s ca --condensed -o rmsd.npz",
+                  "pairs i < j of a set of models, with each row's input and frame"),
+                 ("protgpu pairwise-rmsd a.dcd b.dcd -t top.pdb -s ca --plot rmsd.pdf",
+                  "heat map of two trajectories, with lines between their frame blocks")])
+    add_out(q, ".npy (streamed to disk tile by tile), .npz (rmsd, input, frame) or .zarr (streamed into a "
+               "Zarr v3 store, needs zarr); OUT.manifest.jsonl records every input's sha256")
     q.add_argument("--top", "-t", help="topology file for trajectory inputs (PDB, mmCIF, ...)")
     q.add_argument("--precision", choices=("float64", "float32"), default="float64",
                    help="dtype of the GEMM of 3x3 blocks (default float64, exact to ~1e-6 Angstrom)")
     q.add_argument("--condensed", action="store_true",
                    help="store the condensed vector of pairs i < j (SciPy's squareform layout)")
-    q.add_argument("--plot", metavar="PNG", help="draw the matrix as a heat map (.png, needs matplotlib)")
+    q.add_argument("--plot", metavar="FIGURE",
+                   help="draw the matrix as a heat map (.png, .svg or .pdf; needs matplotlib)")
     g = q.add_argument_group("batch options")
     g.add_argument("--keep-going", "-k", action="store_true",
                    help="leave inputs that cannot be read (or have other atoms) out of the matrix, list them in "
@@ -73,8 +100,6 @@ def register(sub, common) -> None:
     g.add_argument("--gpus", metavar="all|N",
                    help="spread the matrix's tiles over the first N GPUs of this host (or all), one host thread "
                         "per GPU; needs a host result (--out .npy/.zarr/.npz, or none)")
-    q.epilog = ("--out: .npy (streamed to disk tile by tile), .npz (matrix + frame labels) or .zarr "
-                "(streamed into a Zarr v3 store, needs zarr); OUT.manifest.jsonl records every input's sha256")
     q.set_defaults(func=run_pairwise)
 
 
@@ -167,8 +192,9 @@ def _write_structures(path: str, structures, coords_list) -> None:
     with atomic_path(path) as tmp:
         try:
             traj.save(tmp)
-        except (OSError, ValueError, KeyError) as exc:
-            raise InputError(f"--superpose-out {path}: mdtraj cannot write this format ({exc})") from None
+        except (OSError, ValueError, KeyError) as exc:  # mdtraj names the temporary file: name the destination
+            why = cli_words(str(exc).replace(tmp, path), "rmsd")
+            raise InputError(f"--superpose-out {path}: mdtraj cannot write this format ({why})") from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -192,9 +218,9 @@ def run_rmsd(args) -> int:
 
     _check_suffix(args.out, _RMSD_OUT, "--out")
     if args.plot:
-        from ..plotting import require_png
+        from ..plotting import require_figure
 
-        require_png(args.plot)
+        require_figure(args.plot)
     table = bool(args.out) and args.out.lower().endswith(TABLE_SUFFIXES)
     if args.resume and not table:
         what = f"; {args.out} is written in one piece at the end" if args.out else ""
@@ -247,6 +273,7 @@ def run_rmsd(args) -> int:
         manifest, errors = write_run_record(dest, job.name, job.options(), entries)
         summary = replace(summary, out=Path(dest), manifest=manifest, errors=errors)
     elif not args.out and not args.quiet:
+        print("input\tframe\trmsd_angstrom")
         for row, v in zip(rows, r.tolist(), strict=True):
             print(f"{row['input']}\t{row['frame']}\t{v:.4f}")
     if args.plot and values:
@@ -258,7 +285,7 @@ def run_rmsd(args) -> int:
         stats = f": mean RMSD {np.nanmean(r):.3f} A, max {np.nanmax(r):.3f} A," if r.size else ""
         print(f"{len(r)} frame(s) of {summary.n_ok} input(s){resumed} vs {args.ref} frame {args.ref_frame}{stats} "
               f"on the {runs_on} in {summary.elapsed_s:.2f} s{where}", file=sys.stderr)
-    report_failures(summary, "rmsd")
+    report_failures(translate_failures(summary, "rmsd"), "rmsd")
     return summary.exit_code
 
 
@@ -289,8 +316,9 @@ def _plot_rmsd(args, paths, values) -> None:
 # pairwise-rmsd
 
 
-def _plot_pairwise(path: str, matrix, labels_note: str) -> None:
-    """Heat map of the RMSD matrix (rows and columns: frames in input order)."""
+def _plot_pairwise(path: str, matrix, labels_note: str, inputs: list[tuple[str, int]] = ()) -> None:
+    """Heat map of the RMSD matrix (rows and columns: frames in input order); with several
+    ``inputs`` ((name, frames) each, in order) lines part their blocks of frames and name them."""
     from ..plotting import heatmap
 
     m = np.asarray(matrix)
@@ -298,8 +326,16 @@ def _plot_pairwise(path: str, matrix, labels_note: str) -> None:
     # keep the true frame indices.
     step = max(1, int(np.ceil(m.shape[0] / 2000)))
     index = np.arange(0, m.shape[0], step)
+    blocks = None
+    if len(inputs) > 1:
+        starts = np.cumsum([0] + [n for _, n in inputs])
+        # a block's first drawn row: the first multiple of step at or after its first frame
+        drawn = -(-starts // step)
+        blocks = [(os.path.basename(name), int(a), int(b)) for (name, _), a, b in zip(inputs, drawn[:-1], drawn[1:],
+                                                                                        strict=True)]
     heatmap(m[::step, ::step], path, xlabels=index, ylabels=index, title=f"pairwise RMSD ({labels_note})",
-            xlabel="frame index", ylabel="frame index", cbar_label="RMSD (Å)", vmin=0.0, max_ticks=12)
+            xlabel="frame index", ylabel="frame index", cbar_label="RMSD (Å)", vmin=0.0, max_ticks=12,
+            blocks=blocks)
 
 
 def _gpus(args):
@@ -326,9 +362,9 @@ def run_pairwise(args) -> int:
     _check_suffix(args.out, _PAIR_OUT, "--out")
     low_out = (args.out or "").lower().rstrip("/")
     if args.plot:
-        from ..plotting import require_png
+        from ..plotting import require_figure
 
-        require_png(args.plot)
+        require_figure(args.plot)
     zarr = require_zarr(args.out) if low_out.endswith(".zarr") else None
     if args.device != "auto":
         dispatch(device=args.device)  # a forced device is checked before any input is read
@@ -389,7 +425,8 @@ def run_pairwise(args) -> int:
 
             mat = squareform(mat, checks=False)
         sel = f"{args.select}, " if args.select else ""
-        _plot_pairwise(args.plot, mat, f"{sel}{n} frames")
+        _plot_pairwise(args.plot, mat, f"{sel}{n} frames",
+                       [(e["input"], e["rows"][0]["frames"]) for e in entries if e["status"] == "ok"])
     if not args.quiet:
         sample = np.asarray(result[: min(result.shape[0], 2048)])  # a zarr array has no len()
         vals = sample if args.condensed else sample[np.triu_indices(sample.shape[0], 1, sample.shape[1])]
@@ -404,7 +441,8 @@ def run_pairwise(args) -> int:
         else:
             for e in entries:
                 if e["status"] != "ok":
-                    print(f"protgpu pairwise-rmsd: {e['input']}: {e['error']} (left out)", file=sys.stderr)
+                    why = cli_words(str(e["error"]), "pairwise-rmsd")
+                    print(f"protgpu pairwise-rmsd: {e['input']}: {why} (left out)", file=sys.stderr)
         return 1
     return 0
 

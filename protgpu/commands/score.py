@@ -21,14 +21,27 @@ import numpy as np
 from ..batch.inputs import expand_inputs
 from ..errors import InputError
 from ._batch_options import add_batch_options, job_device, late_device, mark, report_failures, run_job
+from ._cli_text import add_out, add_parser, translate_failures
 
 METRICS = ("tm", "lddt", "gdt", "rmsd")
 _OUT_SUFFIXES = (".csv", ".jsonl", ".parquet")
 
 
 def register(sub, common) -> None:
-    p = sub.add_parser("score", parents=common,
-                       help="TM-score, GDT, MaxSub, RMSD and lDDT of models against a reference")
+    p = add_parser(
+        sub, "score", parents=common, help="TM-score, GDT, MaxSub, RMSD and lDDT of models against a reference",
+        description="One row per model (per frame of a multi-model file or trajectory): TM-score, RMSD of the "
+                    "common residues, GDT-TS/GDT-HA, MaxSub (the TMscore program's numbers) and lDDT "
+                    "(OpenStructure's); or, with --consensus, a ranking of the models by their similarity to "
+                    "each other. Without --out, stdout is the table (header row, tab-separated) and the "
+                    "summary goes to stderr.",
+        example=[("protgpu score models/*.pdb --ref native.pdb -o scores.csv",
+                  "every metric of every model, a resumable table"),
+                 ("protgpu score model.pdb --ref native.pdb -m tm,lddt --mapping sequence --plot lddt.svg",
+                  "match residues by alignment; draw the per-residue lDDT"),
+                 ("protgpu score decoys/ --consensus --out ranking.csv",
+                  "rank an ensemble without a reference")])
+    add_out(p, ".csv, .jsonl or .parquet (one row per model)")
     p.add_argument("--ref", "-r", help="reference (native) structure (required unless --consensus)")
     p.add_argument("--top", "-t", help="topology for trajectory inputs (every frame is scored as a model)")
     p.add_argument("--metrics", "-m", default="tm,lddt,gdt,rmsd",
@@ -40,7 +53,7 @@ def register(sub, common) -> None:
     p.add_argument("--lddt-atoms", choices=("heavy", "ca"), default="heavy", help="atoms lDDT scores (default heavy)")
     p.add_argument("--no-symmetry", action="store_true", help="lDDT without resolving symmetric side chains")
     p.add_argument("--per-residue", action="store_true", help="add per-residue lDDT columns (lddt:<chain>:<resid>)")
-    p.add_argument("--plot", help="per-residue lDDT line plot (.png)")
+    p.add_argument("--plot", metavar="FIGURE", help="per-residue lDDT line plot (.png, .svg or .pdf)")
     p.add_argument("--consensus", action="store_true",
                    help="rank the models by ensemble consensus (no reference): softmax(-RMSD^2/T)-weighted "
                         "TM-style similarity to the other models, on CA atoms")
@@ -126,9 +139,9 @@ def run(args) -> int:
             raise InputError(f"--out {args.out}: writing parquet needs pyarrow (pip install pyarrow); "
                              "or use .csv / .jsonl") from None
     if args.plot:
-        from ..plotting import require_png
+        from ..plotting import require_figure
 
-        require_png(args.plot)  # before any model is scored
+        require_figure(args.plot)  # before any model is scored
     device = late_device(args)  # auto: decided by the job's warm-up, after the parse workers started
     paths = expand_inputs(args.inputs)
     mark("listed")
@@ -156,7 +169,7 @@ def run(args) -> int:
         rate = summary.n_inputs / summary.elapsed_s if summary.elapsed_s > 0 else 0.0
         print(f"{len(rows)} model(s) from {summary.n_ok} file(s){resumed} on the {where}: "
               f"{summary.elapsed_s:.2f} s, {rate:.1f} files/s{dest}", file=sys.stderr)
-    report_failures(summary, "score")
+    report_failures(translate_failures(summary, "score"), "score")
     return summary.exit_code
 
 

@@ -26,8 +26,59 @@ _INT_RE = re.compile(r"^[+-]?\d+$")
 _RANGE_RE = re.compile(r"^([+-]?\d+)(?:-|:|\.\.)([+-]?\d+)$")
 
 
+# Other tools' selection words (mdtraj, MDAnalysis, PyMOL, VMD, Biopython) -> what protgpu says.
+_OTHER_TOOLS = {
+    "resseq": ("resid", "protgpu's resid is the residue number (mdtraj's resSeq)"),
+    "resnum": ("resid", "protgpu's resid is the residue number"),
+    "resi": ("resid", "protgpu's resid is the residue number"),
+    "residue": ("resid", "protgpu's resid is the residue number"),
+    "resindex": ("resid", "protgpu selects residues by number: resid"),
+    "resn": ("resname", "protgpu's resname is the residue name"),
+    "segname": ("segid", "protgpu's segid is the segment name"),
+    "chainid": ("chain", "protgpu's chain is the chain id"),
+    "chid": ("chain", "protgpu's chain is the chain id"),
+    "atomname": ("name", "protgpu's name is the atom name"),
+    "type": ("element", "protgpu has no atom types; element is the chemical element"),
+    "symbol": ("element", "protgpu's element is the chemical element"),
+    "elem": ("element", "protgpu's element is the chemical element"),
+    "bynum": ("index", "protgpu's index counts atoms from 0 (bynum and serial from 1)"),
+    "serial": ("index", "protgpu's index counts atoms from 0 (bynum and serial from 1)"),
+    "id": ("index", "protgpu's index counts atoms from 0"),
+    "polymer": ("protein", "protgpu's protein is the standard amino acids"),
+    "sidechain": ("protein and not backbone", "protgpu has no sidechain keyword"),
+    "noh": ("heavy", "protgpu's heavy is every atom but hydrogen"),
+    "solvent": ("water", "protgpu's water is the water residues"),
+    "waters": ("water", "protgpu's water is the water residues"),
+    "hetatm": ("hetero", "protgpu's hetero is the HETATM records"),
+    "hydrogens": ("hydrogen", "protgpu's hydrogen is H and D atoms"),
+    "&&": ("and", "protgpu's operators are and, or, not"),
+    "||": ("or", "protgpu's operators are and, or, not"),
+    "!": ("not", "protgpu's operators are and, or, not"),
+}
+
+
 def _valid_keywords() -> str:
     return ", ".join(_FLAG_KEYWORDS + _VALUE_KEYWORDS + ("and", "or", "not", "( )"))
+
+
+def _unknown_word_hint(word: str) -> str:
+    """What to write instead of ``word``: protgpu's name for another tool's keyword, or the closest
+    keyword for a typing slip; "" when nothing is close."""
+    import difflib
+
+    low = word.lower()
+    if low in _OTHER_TOOLS:
+        ours, why = _OTHER_TOOLS[low]
+        return f"; use {ours}: {why}"
+    close = difflib.get_close_matches(low, _FLAG_KEYWORDS + _VALUE_KEYWORDS + ("and", "or", "not"), n=1, cutoff=0.7)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _listing(values, most: int = 20) -> str:
+    """``A, B, C`` (the first ``most`` of sorted distinct ``values``, then ``... (N in all)``)."""
+    uniq = sorted({str(v) for v in values})
+    shown = ", ".join(repr(v) if v == "" or v != v.strip() else v for v in uniq[:most])
+    return shown + (f", ... ({len(uniq)} in all)" if len(uniq) > most else "")
 
 
 class _SelectionParser:
@@ -48,6 +99,7 @@ class _SelectionParser:
         self.where = f"{source or 'structure'}: selection {expr!r}"
         self.tokens = _TOKEN_RE.findall(expr)
         self.pos = 0
+        self.absent: list[str] = []  # values that name nothing in these atoms, for the empty-result message
 
     def error(self, msg: str) -> InputError:
         return InputError(f"{self.where}: {msg}")
@@ -60,7 +112,13 @@ class _SelectionParser:
             raise self.error(f"empty selection; valid keywords: {_valid_keywords()}")
         mask = self.parse_or()
         if self.pos != len(self.tokens):
-            raise self.error(f"unexpected {self.tokens[self.pos]!r} at word {self.pos + 1}")
+            word = self.tokens[self.pos]
+            raise self.error(f"unexpected {word!r} at word {self.pos + 1}{_unknown_word_hint(word)}")
+        if self.absent and not mask.any():
+            # Nothing matched because a name names nothing here (chain A of a file with chains B and
+            # C): say what there is. A selection of present names (or of numbers, "resid 0:0") that
+            # matches nothing stays an empty result.
+            raise InputError(f"{self.where} matches no atoms; {'; '.join(self.absent)}")
         return mask
 
     def parse_or(self) -> np.ndarray:
@@ -106,7 +164,8 @@ class _SelectionParser:
             if not values:
                 raise self.error(f"keyword {tok!r} needs at least one value")
             return self.valued(tok, values)
-        raise self.error(f"unknown word {self.tokens[self.pos]!r}; valid keywords: {_valid_keywords()}")
+        word = self.tokens[self.pos]
+        raise self.error(f"unknown word {word!r}{_unknown_word_hint(word)}; valid keywords: {_valid_keywords()}")
 
     # -- flags -------------------------------------------------------------------------------------
     def isin(self, field: str, values, upper: bool = True) -> np.ndarray:
@@ -176,8 +235,18 @@ class _SelectionParser:
             return self.int_mask(np.arange(self.n), words, kw)
         if kw in ("chain", "segid"):
             # Chain ids are case-sensitive (large mmCIF entries use both "A" and "a").
-            return self.isin(kw, words, upper=False)
-        return self.isin(kw, [w.upper() for w in words])
+            mask = self.isin(kw, words, upper=False)
+        else:
+            mask = self.isin(kw, [w.upper() for w in words])
+        if not mask.any() and self.n and kw == "chain" and not self.atoms.chain.astype(bool).any():
+            segids = _listing(self.atoms.segid)
+            self.absent.append(f"no chain {' '.join(words)} (the atoms here have no chain id"
+                               + (f"; their segids: {segids})" if self.atoms.segid.astype(bool).any() else ")"))
+        elif not mask.any() and self.n:
+            what = {"chain": "chains", "segid": "segids", "resname": "residue names", "name": "atom names",
+                    "element": "elements"}[kw]
+            self.absent.append(f"no {kw} {' '.join(words)} (the {what} here: {_listing(getattr(self.atoms, kw))})")
+        return mask
 
 
 def select_mask(atoms: AtomTable, selection, source: str | None) -> np.ndarray:

@@ -92,7 +92,7 @@ def test_contacts_quick_start_keeps_plain_names(tmp_path, datasets, capsys):
     """The README's command: one input, .npz with the map's own names, the summary line printed."""
     out = tmp_path / "adk_contacts.npz"
     assert cli("contacts", datasets / "adk_open.pdb", "--out", out, "--device", "cpu") == 0
-    text = capsys.readouterr().out
+    text = "".join(capsys.readouterr())  # the table on stdout, the closing note on stderr
     assert "214 residues" in text and "550 contacts" in text and "1 input(s) on the CPU" in text
     z = npz(out)
     assert z["distances"].shape == (1, 214, 214) and z["frequency"].shape == (214, 214)
@@ -153,7 +153,7 @@ def test_contacts_resume_after_an_interrupted_run_writes_the_same_bytes(folder, 
     assert cli(*args, "-o", full, "-q") == 0
     out = tmp_path / "m.npz"
     n = _stop_at_bad_then_resume(args, folder, out, capsys)
-    assert f"({n} resumed)" in capsys.readouterr().out
+    assert f"({n} resumed)" in capsys.readouterr().err  # the closing note is on stderr
     assert out.read_bytes() == full.read_bytes()
 
 
@@ -417,5 +417,5 @@ def test_console_script_quick_start(tmp_path, datasets):
                        env={**os.environ, "PROTGPU_DISABLE_GPU": "1",
                             "PYTHONPATH": os.pathsep.join([str(datasets.parent), os.environ.get("PYTHONPATH", "")])})
     assert r.returncode == 0, r.stderr
-    assert "550 contacts" in r.stdout and "maps to adk_contacts.npz" in r.stdout
+    assert "550 contacts" in r.stdout and "maps to adk_contacts.npz" in r.stderr
     assert "distances" in npz(tmp_path / "adk_contacts.npz")
