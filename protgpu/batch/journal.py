@@ -1,8 +1,14 @@
 """The journal of a batch run: ``OUT.manifest.jsonl`` (a header, then one line per finished input)
 and the array parts in ``OUT.parts/``, read back for ``resume`` and assembled into the output.
 
-Internal API (the engine, the CLI): :class:`Store` (the journal of one output) and
-:func:`write_run_record` (the same manifest for a run written in one piece).
+The journal lives only while a run is in progress or was interrupted: once the output is written and
+every input succeeded, :meth:`Store.remove` deletes it (with ``keep_going`` and failed inputs it stays,
+so that ``--resume`` retries only those). :class:`OutputLock` (``.OUT.lock``) keeps two runs from
+writing one output. Neither the manifest nor the parts folder is followed when it is a symbolic link,
+and a manifest entry can only name a part file inside ``OUT.parts/``.
+
+Internal API (the engine, the CLI): :class:`Store` (the journal of one output), :class:`OutputLock`
+and :func:`write_run_record` (the same manifest for a run written in one piece).
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 import uuid
 import zipfile
@@ -32,6 +39,62 @@ from .writers import (
 )
 
 MANIFEST_FORMAT = "protgpu-batch/1"
+# the only part names a manifest may hold: a name this engine made, inside OUT.parts/ (no "/", no "..")
+_PART_NAME = re.compile(r"part-[0-9a-f]{8}-[0-9]{6}\.npz")
+
+
+def _refuse_link(path: Path, what: str) -> None:
+    """InputError when ``path`` is a symbolic link: the journal never writes or deletes through one."""
+    if path.is_symlink():
+        raise InputError(f"{path}: the {what} is a symbolic link; protgpu does not follow it (remove the link)")
+
+
+class OutputLock:
+    """An exclusive lock on one output: ``.OUT.lock`` beside it (``fcntl.flock``), held for a whole run
+    and removed at its end; a second run on the same output fails at once with a one-line error.
+    Where there is no ``fcntl`` (Windows) nothing is locked."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.path = out.with_name(f".{out.name}.lock")
+        self.fd = None
+
+    def acquire(self) -> None:
+        try:
+            import fcntl
+        except ImportError:  # Windows: no advisory locks of this kind; runs are not guarded
+            return
+        _refuse_link(self.path, "lock file")
+        for _ in range(10):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+            except OSError as exc:
+                raise InputError(f"--out {self.out}: cannot create the lock file {self.path} "
+                                 f"({exc.strerror or exc})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise InputError(f"--out {self.out}: another protgpu run is writing this output "
+                                 f"(lock {self.path}); wait for it or choose another --out") from None
+            # the holder before us may have removed the file after we opened it: lock the one on disk
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self.fd = fd
+                return
+            os.close(fd)
+        raise InputError(f"--out {self.out}: cannot take the lock {self.path} (it keeps being replaced)")
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink()  # while still locked: a waiting run then locks a fresh file
+        os.close(self.fd)
+        self.fd = None
 
 
 class Store:
@@ -59,8 +122,12 @@ class Store:
     def read(self) -> bool:
         """Load the manifest for a resume; False when there is none. Drops a torn last line and parts
         that no entry references (a run killed between writing a part and journaling it)."""
+        _refuse_link(self.manifest, "manifest")
+        _refuse_link(self.parts, "parts folder")
         try:
-            data = self.manifest.read_bytes()
+            fd = os.open(self.manifest, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            with os.fdopen(fd, "rb") as fh:
+                data = fh.read()
         except FileNotFoundError:
             return False
         except OSError as exc:
@@ -90,6 +157,10 @@ class Store:
                 fh.truncate(good_end)
         for e in lines[1:]:
             if e.get("kind") == "input":
+                part = e.get("part")
+                if part is not None and not (isinstance(part, str) and _PART_NAME.fullmatch(part)):
+                    raise InputError(f"{self.manifest}: the entry of {e.get('input')!r} names part {part!r}, "
+                                     f"which is not a part file in {self.parts}; run without --resume")
                 self.entries[e["key"]] = e
         referenced = {e.get("part") for e in self.entries.values() if e.get("part")}
         if self.parts.is_dir():
@@ -121,6 +192,7 @@ class Store:
     # -- writing -------------------------------------------------------------------------------
     def _start(self) -> None:
         """First commit of a fresh run: replace an old journal (only files this engine names)."""
+        _refuse_link(self.parts, "parts folder")
         if self.parts.is_dir():
             for p in self.parts.iterdir():
                 if p.name.startswith(("part-", ".part-")):
@@ -170,7 +242,8 @@ class Store:
             self.entries[e["key"]] = e
             lines.append(json.dumps(e) + "\n")
         try:
-            with open(self.manifest, "a") as fh:
+            fd = os.open(self.manifest, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0))
+            with os.fdopen(fd, "w") as fh:
                 fh.write("".join(lines))
         except OSError as exc:
             raise OutputError(f"{self.manifest}: cannot append ({exc.strerror or exc}); rerun with --resume "
@@ -191,6 +264,19 @@ class Store:
             self._write_arrays([(p, e) for p, e in ok])
         errors = write_errors(self.out, [(p, e.get("sha256"), e.get("error", "")) for p, e in failed])
         return rows, [(p, e.get("error", "")) for p, e in failed], errors
+
+    def remove(self) -> None:
+        """Delete the journal (the manifest, and the part files in ``OUT.parts/``, then the folder
+        when nothing else is in it): the run is complete and its output written."""
+        with contextlib.suppress(FileNotFoundError):
+            self.manifest.unlink()
+        if self.parts.is_dir() and not self.parts.is_symlink():
+            for p in self.parts.iterdir():
+                if p.name.startswith(("part-", ".part-")):
+                    with contextlib.suppress(OSError):
+                        p.unlink()
+            with contextlib.suppress(OSError):
+                self.parts.rmdir()
 
     def _write_arrays(self, ok: list) -> None:
         if self.out.name.lower().endswith(".npy"):
