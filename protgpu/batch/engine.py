@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import InputError
 from ..io.write import remove_stale_temps
 from .dask import iter_dask
-from .inputs import hash_all, input_paths, parse_shard, shard_path
+from .inputs import common_root, hash_all, input_paths, parse_shard, shard_path
 from .job import as_job
 from .journal import OutputLock, Store
 from .local import default_jobs, iter_local
@@ -181,6 +181,8 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
         i, n = shard if isinstance(shard, tuple) else parse_shard(shard)
         order = [t for t in order if t[0] % n == i]
     state.n_inputs = len(order)
+    # rows name inputs relative to the folder of all of them (every shard's the same)
+    job.input_root = common_root(paths)
     # .npz keys come from the whole input list, so that every shard names an input as the full run does
     store = Store(out_path, job, paths) if out_path is not None else None
     lock = None

@@ -48,11 +48,24 @@ class Job:
         Most inputs handed to one :meth:`compute` call.
     columns : list of str or None
         Table columns, in order; None means every key of the rows in order of first appearance.
+    input_root : str or None
+        The inputs' common folder, set by the engine (:meth:`input_name`).
     """
 
     name: str = "job"
     batch_size: int = 64
     columns: list | None = None
+    #: The folder holding every input of the run (set by the engine before its workers start):
+    #: :meth:`input_name` names inputs relative to it
+    input_root: str | None = None
+
+    def input_name(self, path: str) -> str:
+        """How a row names the input ``path``: relative to the run's common folder (``af/a/ranked_0.pdb``
+        and ``af/b/ranked_0.pdb`` are ``a/ranked_0.pdb`` and ``b/ranked_0.pdb``), the base name outside a
+        run."""
+        from .inputs import input_name
+
+        return input_name(path, self.input_root)
 
     def options(self) -> dict:
         """JSON-serialisable settings that change results; ``resume`` refuses a manifest whose header

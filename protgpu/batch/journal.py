@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..io.write import atomic_path
+from .inputs import display_path
 from .job import Job
 from .results import InputResult
 from .writers import (
@@ -299,7 +300,7 @@ class Store:
             for key, (_, e) in zip(keys, ok, strict=True):
                 for name, a in self.arrays_of(e).items():
                     yield (key if name == "" else f"{key}/{name}"), a
-            yield "inputs", np.array([p for p, _ in ok], dtype=str)
+            yield "inputs", np.array([display_path(p) for p, _ in ok], dtype=str)
 
         write_output(self.out, lambda tmp: write_npz(tmp, items()))
 

@@ -181,18 +181,22 @@ def failure_of(exc: BaseException, path: str) -> Failure:
 
 def raise_for(r: InputResult):
     """Stop the run for a failed input (no keep_going): a one-line error naming the file."""
+    from .inputs import display_path
+
     f = r._failure or Failure(r.error or "failed", "input")
+    name = display_path(r.input)
     if f.kind in ("fatal", "error") and f.exc is not None:
         if hasattr(f.exc, "add_note"):
-            f.exc.add_note(f"while processing {r.input}")
+            f.exc.add_note(f"while processing {name}")
         raise f.exc
-    if f.kind == "input" and isinstance(f.exc, InputError) and os.path.basename(r.input) in str(f.exc):
+    if (f.kind == "input" and isinstance(f.exc, InputError) and os.path.basename(r.input) in str(f.exc)
+            and name == r.input):
         raise f.exc  # its message already names the file
     if f.kind == "oom":
-        raise MemoryBudgetError(f"{r.input}: {f.reason}; it does not fit even alone in a batch")
+        raise MemoryBudgetError(f"{name}: {f.reason}; it does not fit even alone in a batch")
     if f.kind == "error":
-        raise RuntimeError(f"{r.input}: {f.reason}\n{f.detail}")
-    raise InputError(f"{r.input}: {f.reason}")
+        raise RuntimeError(f"{name}: {f.reason}\n{f.detail}")
+    raise InputError(f"{name}: {display_path(f.reason)}")
 
 
 def failed_result(index: int, path: str, sha, f: Failure) -> InputResult:

@@ -182,5 +182,7 @@ def report_failures(summary, description: str, quiet: bool = False) -> None:
     if summary.errors is not None:
         print(f"protgpu {description}: {summary.n_failed} input(s) failed; see {summary.errors}", file=sys.stderr)
         return
+    from ..batch.inputs import display_path
+
     for path, why in summary.failed:
-        print(f"protgpu {description}: {path}: {why}", file=sys.stderr)
+        print(f"protgpu {description}: {display_path(path)}: {display_path(why)}", file=sys.stderr)

@@ -230,7 +230,9 @@ def test_score_job_matches_direct_calls_and_batch_size(tmp_path, models):
     assert _cli("score", d, "--ref", ref, "--device", "cpu", "-o", out2, "-q", "--batch-size", "64", "-j", "2") == 0
     assert out1.read_bytes() == out2.read_bytes()
     rows = [json.loads(x) for x in out1.read_text().splitlines()]
-    assert [r["model"] for r in rows] == [os.path.basename(p) for p in paths]
+    # named relative to the inputs' folder: a model in sub/ keeps its folder in its name
+    assert [r["model"] for r in rows] == [os.path.relpath(p, d).replace(os.sep, "/") for p in paths]
+    assert "sub/m00.pdb" in [r["model"] for r in rows]
     structures = [load(p) for p in paths]
     tm = tm_score(structures, load(ref), device="cpu")
     ld = lddt(structures, load(ref), device="cpu")
@@ -407,7 +409,7 @@ def test_sigkill_distances_npz_then_resume_gives_identical_output(tmp_path, mode
     inputs = expand_inputs([str(models / "models")])
     full, _ = _kill_and_resume(base, inputs, tmp_path, ".npz", kills=2, seed=int.from_bytes(os.urandom(4), "little"))
     with np.load(full) as z:
-        assert len(z.files) == 19 and z["m01"].shape == (1, 40, 40) and z["m00"].shape == (1, 25, 25)
+        assert len(z.files) == 19 and z["m01"].shape == (1, 40, 40) and z["sub/m00"].shape == (1, 25, 25)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ def _length_bucket(n: int) -> int:
 class ScoreJob(Job):
     """TM-score, RMSD, GDT-TS/GDT-HA, MaxSub and lDDT of every model file against one reference.
 
-    One row per model (per frame of a multi-model file): ``model`` (file name, ``name[i]`` for frame i),
+    One row per model (per frame of a multi-model file): ``model`` (the file's path relative to the
+    folder of all inputs, ``name[i]`` for frame i),
     then the metrics asked for, as :func:`protgpu.tm_score` and :func:`protgpu.lddt` compute them.
     :meth:`load` (in a parse worker) reads a model and matches it to the reference there, keeping only
     the arrays the scores read (:class:`~protgpu.scoring._batch.PreparedModel`: matched CA pairs and the
@@ -141,6 +142,8 @@ class ScoreJob(Job):
         read_s = time.perf_counter() - t0
         item = self._prepare(s)
         item.timings["read_s"] = read_s
+        name = self.input_name(path)  # relative to the inputs' common folder: equal base names stay apart
+        item.names = [name] if len(item.names) == 1 else [f"{name}[{i}]" for i in range(len(item.names))]
         return item
 
     def size(self, item) -> object:
