@@ -211,16 +211,15 @@ def _iter_locked(state: _Run, job, order: list, store: Store | None, *, resume, 
         state.out, state.manifest = store.out, store.manifest
         remove_stale_temps(store.out)
 
-    resumed: list[InputResult] = []
+    resumed: list = []  # (index, path, journal entry): made into results one at a time, as yielded
     if resume and store.read():
         hashes = hash_all([p for _, p in order], jobs)
         for index, path in order:
             e = store.done(path, hashes[path])
             if e is not None:
-                resumed.append(InputResult(index, path, "ok", e["sha256"], rows=e.get("rows", []),
-                                           arrays=store.arrays_of(e) if resumed_arrays else {},
-                                           resumed=True))
-    done_idx = {r.index for r in resumed}
+                resumed.append((index, path, e))
+        del hashes
+    done_idx = {index for index, _, _ in resumed}
     todo = [t for t in order if t[0] not in done_idx]
     if pool == "auto":
         pool = "process" if len(todo) >= 32 and jobs > 1 else ("thread" if len(todo) > 1 else "inline")
@@ -229,11 +228,12 @@ def _iter_locked(state: _Run, job, order: list, store: Store | None, *, resume, 
                         interval=progress_interval)
     stats["setup_s"] = stats.get("setup_s", 0.0) + time.perf_counter() - t0
     try:
-        for r in resumed:
+        for index, path, e in resumed:
             state.n_ok += 1
             state.n_resumed += 1
             bar.advance(ok=True)
-            yield r
+            yield InputResult(index, path, "ok", e.sha256, rows=e.rows,
+                              arrays=store.arrays_of(e) if resumed_arrays else {}, resumed=True)
         if use_dask:
             batches = iter_dask(job, todo, scheduler=scheduler, tls=tls, workers=workers, gpus=gpus,
                                  batch_size=batch_size, log=bar.note_to(log))

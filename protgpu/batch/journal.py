@@ -20,6 +20,7 @@ import re
 import time
 import uuid
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,65 @@ def _refuse_link(path: Path, what: str) -> None:
     """InputError when ``path`` is a symbolic link: the journal never writes or deletes through one."""
     if path.is_symlink():
         raise InputError(f"{path}: the {what} is a symbolic link; protgpu does not follow it (remove the link)")
+
+
+class Entry:
+    """What the journal keeps in memory of one input: its status and hash, where its arrays are, and its
+    rows as their JSON text (a few hundred bytes, where the row dicts took about a kilobyte: memory stays
+    small per input over 100,000 of them)."""
+
+    __slots__ = ("arrays", "error", "n_rows", "part", "rows_json", "sha256", "slot", "status")
+
+    def __init__(self, line: dict):
+        self.status = line.get("status")
+        self.sha256 = line.get("sha256")
+        self.part = line.get("part")
+        self.slot = line.get("slot")
+        self.arrays = tuple(line.get("arrays", ()))
+        self.error = line.get("error")
+        rows = line.get("rows") or []
+        self.n_rows = len(rows)
+        self.rows_json = json.dumps(rows).encode() if rows else None
+
+    @property
+    def rows(self) -> list:
+        """The rows, decoded (a new list each time)."""
+        return json.loads(self.rows_json) if self.rows_json is not None else []
+
+
+class Rows(Sequence):
+    """The rows of a run's journaled inputs, in input order, decoded when read: :attr:`Summary.rows` of a
+    run with ``out``, which keeps them as JSON text instead of one dict per value."""
+
+    def __init__(self, entries: list):
+        self._entries = [e for e in entries if e.n_rows]
+        self._n = sum(e.n_rows for e in self._entries)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self):
+        for e in self._entries:
+            yield from e.rows
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return list(self)[i]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("row index out of range")
+        for e in self._entries:
+            if i < e.n_rows:
+                return e.rows[i]
+            i -= e.n_rows
+        raise IndexError("row index out of range")
+
+    def __eq__(self, other):
+        return isinstance(other, (list, tuple, Sequence)) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
 
 
 class OutputLock:
@@ -109,7 +169,7 @@ class Store:
         self.parts = out.with_name(out.name + ".parts")
         self.header = {"kind": "header", "format": MANIFEST_FORMAT, "job": job.name,
                        "options": json.loads(json.dumps(job.options(), default=str))}
-        self.entries: dict[str, dict] = {}  # key -> latest entry
+        self.entries: dict[str, Entry] = {}  # key -> latest entry
         self.started = False  # header written by this run (or resumed onto)
         self.run_id = uuid.uuid4().hex[:8]
         self.n_parts = 0
@@ -162,8 +222,8 @@ class Store:
                 if part is not None and not (isinstance(part, str) and _PART_NAME.fullmatch(part)):
                     raise InputError(f"{self.manifest}: the entry of {e.get('input')!r} names part {part!r}, "
                                      f"which is not a part file in {self.parts}; run without --resume")
-                self.entries[e["key"]] = e
-        referenced = {e.get("part") for e in self.entries.values() if e.get("part")}
+                self.entries[e["key"]] = Entry(e)
+        referenced = {e.part for e in self.entries.values() if e.part}
         if self.parts.is_dir():
             for p in self.parts.iterdir():
                 if p.name not in referenced and (p.name.startswith("part-") or p.name.startswith(".part-")):
@@ -172,23 +232,22 @@ class Store:
         self.started = True
         return True
 
-    def done(self, path: str, sha: str | None) -> dict | None:
-        """The manifest entry of ``path`` when it is ``ok`` with content ``sha`` (and its part file
+    def done(self, path: str, sha: str | None) -> Entry | None:
+        """The journal entry of ``path`` when it is ``ok`` with content ``sha`` (and its part file
         exists): the input need not run again. None otherwise."""
         e = self.entries.get(self.key(path))
-        if e is None or e.get("status") != "ok" or sha is None or e.get("sha256") != sha:
+        if e is None or e.status != "ok" or sha is None or e.sha256 != sha:
             return None
-        if e.get("part") and not (self.parts / e["part"]).is_file():
+        if e.part and not (self.parts / e.part).is_file():
             return None
         return e
 
-    def arrays_of(self, e: dict) -> dict:
+    def arrays_of(self, e: Entry) -> dict:
         """The arrays of a journaled entry, read from its part file (empty when it has none)."""
-        if not e.get("part"):
+        if not e.part:
             return {}
-        slot = e["slot"]
-        with np.load(self.parts / e["part"]) as z:
-            return {name: z[f"{slot}:{name}"] for name in e.get("arrays", [])}
+        with np.load(self.parts / e.part) as z:
+            return {name: z[f"{e.slot}:{name}"] for name in e.arrays}
 
     # -- writing -------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -240,7 +299,7 @@ class Store:
                     e.update(part=part, slot=slots[id(r)], arrays=list(r.arrays))
             else:
                 e["error"] = r.error
-            self.entries[e["key"]] = e
+            self.entries[e["key"]] = Entry(e)
             lines.append(json.dumps(e) + "\n")
         try:
             fd = os.open(self.manifest, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0))
@@ -250,21 +309,22 @@ class Store:
             raise OutputError(f"{self.manifest}: cannot append ({exc.strerror or exc}); rerun with --resume "
                               "once there is space") from None
 
-    def finish(self, order: list) -> tuple[list, list, Path | None]:
-        """Write the output and errors file from the journal, in input order."""
+    def finish(self, order: list) -> tuple[Rows, list, Path | None]:
+        """Write the output and errors file from the journal, in input order; the rows (decoded as they
+        are read, not held as dicts) and the failures."""
         ok, failed = [], []
         for _index, path in order:
             e = self.entries.get(self.key(path))
             if e is None:
                 continue
-            (ok if e["status"] == "ok" else failed).append((path, e))
-        rows = [r for _, e in ok for r in e.get("rows", [])]
+            (ok if e.status == "ok" else failed).append((path, e))
+        rows = Rows([e for _, e in ok])
         if self.out.name.lower().endswith(TABLE_SUFFIXES):
             write_table(self.out, rows, self.job.columns)
         else:
-            self._write_arrays([(p, e) for p, e in ok])
-        errors = write_errors(self.out, [(p, e.get("sha256"), e.get("error", "")) for p, e in failed])
-        return rows, [(p, e.get("error", "")) for p, e in failed], errors
+            self._write_arrays(ok)
+        errors = write_errors(self.out, [(p, e.sha256, e.error or "") for p, e in failed])
+        return rows, [(p, e.error or "") for p, e in failed], errors
 
     def remove(self) -> None:
         """Delete the journal (the manifest, and the part files in ``OUT.parts/``, then the folder

@@ -86,8 +86,9 @@ class Summary:
         Inputs of this run (this shard's, after expansion).
     n_ok, n_failed, n_resumed : int
         Inputs that succeeded (including resumed ones), failed, and were taken from an earlier run.
-    rows : list of dict
-        Rows of the inputs that succeeded, in input order.
+    rows : sequence of dict
+        Rows of the inputs that succeeded, in input order (with ``out``, a sequence that decodes them
+        from the journal's compact form as it is read).
     failed : list of (str, str)
         (input, reason) of the inputs that failed, in input order.
     out, manifest, errors : pathlib.Path or None

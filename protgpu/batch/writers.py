@@ -84,9 +84,10 @@ def write_table(path, rows: list[dict], columns: list[str] | None = None) -> Pat
     ----------
     path : str or os.PathLike
         Destination; the suffix picks the format. Parquet needs pyarrow.
-    rows : list of dict
+    rows : iterable of dict
         Column name -> value (str, int, float, bool or None; None is an empty CSV cell, JSON null,
-        a Parquet null).
+        a Parquet null). CSV and JSONL are written as the rows come (read twice when ``columns`` is
+        None: pass a sequence then).
     columns : list of str, optional
         Columns in order (missing values are None); default: every key in order of first appearance.
 
@@ -137,6 +138,7 @@ def write_table(path, rows: list[dict], columns: list[str] | None = None) -> Pat
         except ImportError:
             raise InputError(f"--out {path}: writing parquet needs pyarrow (pip install pyarrow); "
                              "or use .csv / .jsonl") from None
+        rows = rows if isinstance(rows, list) else list(rows)  # read once, not once per column
         table = pa.table({_cell(c): [_cell(r.get(c)) for r in rows] for c in cols})
         return write_output(path, lambda tmp: pq.write_table(table, tmp))
     raise InputError(f"--out {path}: use a .csv, .jsonl or .parquet file name")

@@ -14,6 +14,12 @@ from ..results import Result
 
 __all__ = ["ScoreJob"]
 
+# (model, pair) distances per chunk of the CPU lDDT: its temporaries take ~70 bytes each, so 2**21 holds
+# a batch's peak near 150 MB (lddt_counts_numpy's default, 2**24, took 1.2 GB for the 261,000 pairs of
+# AdK's heavy atoms, and ran 3x slower, out of cache); the counts are integers per model, the same
+# whatever the chunk
+_CPU_LDDT_ELEMENTS = 1 << 21
+
 
 def _length_bucket(n: int) -> int:
     """Round a length up to 32, 48, 64, 96, 128, 192, ...: batches of similar length waste at most a
@@ -231,7 +237,8 @@ class ScoreJob(Job):
         if be.on_gpu:
             counts = lddt_counts_cuda(batch.coords, ref, thresholds, self.symmetry)
         else:
-            counts = lddt_counts_numpy(batch.coords.astype(np.float64), ref, thresholds, self.symmetry)
+            counts = lddt_counts_numpy(batch.coords.astype(np.float64), ref, thresholds, self.symmetry,
+                                       max_elements=_CPU_LDDT_ELEMENTS)
         glob, per = lddt_scores(counts, ref, len(thresholds), be.xp)
         return to_numpy(glob), to_numpy(per)
 
