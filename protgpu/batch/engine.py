@@ -13,7 +13,7 @@ from ..io.write import remove_stale_temps
 from .dask import iter_dask
 from .inputs import common_root, hash_all, input_paths, parse_shard, shard_path
 from .job import as_job
-from .journal import OutputLock, Store
+from .journal import OutputLock, Store, blas_setting
 from .local import default_jobs, iter_local
 from .progress import BatchProgress
 from .results import InputResult, Summary, raise_for
@@ -184,7 +184,11 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
     # rows name inputs relative to the folder of all of them (every shard's the same)
     job.input_root = common_root(paths)
     # .npz keys come from the whole input list, so that every shard names an input as the full run does
-    store = Store(out_path, job, paths) if out_path is not None else None
+    blas = None
+    if out_path is not None and job.uses_blas:
+        # Dask workers run with their own setting (one thread, by default): "dask" stands for it
+        blas = "dask" if use_dask else blas_setting()
+    store = Store(out_path, job, paths, blas) if out_path is not None else None
     lock = None
     if store is not None:
         lock = OutputLock(out_path)

@@ -50,11 +50,16 @@ class Job:
         Table columns, in order; None means every key of the rows in order of first appearance.
     input_root : str or None
         The inputs' common folder, set by the engine (:meth:`input_name`).
+    uses_blas : bool
+        The results depend on the BLAS thread count in their last digits (a resume must use the same).
     """
 
     name: str = "job"
     batch_size: int = 64
     columns: list | None = None
+    #: Whether the job's numbers go through BLAS matrix products, whose last digits depend on the BLAS
+    #: thread count: the journal then records that count and a resume with another one is refused
+    uses_blas: bool = False
     #: The folder holding every input of the run (set by the engine before its workers start):
     #: :meth:`input_name` names inputs relative to it
     input_root: str | None = None

@@ -51,6 +51,16 @@ def _refuse_link(path: Path, what: str) -> None:
         raise InputError(f"{path}: the {what} is a symbolic link; protgpu does not follow it (remove the link)")
 
 
+def blas_setting() -> str:
+    """This process's BLAS thread setting as the journal records it: ``"openblas:8"`` (each BLAS
+    library loaded, with its thread count; threadpoolctl reads it)."""
+    from threadpoolctl import threadpool_info
+
+    libs = sorted(f"{i.get('internal_api')}:{i.get('num_threads')}" for i in threadpool_info()
+                  if i.get("user_api") == "blas")
+    return ",".join(libs) or "none"
+
+
 class Entry:
     """What the journal keeps in memory of one input: its status and hash, where its arrays are, and its
     rows as their JSON text (a few hundred bytes, where the row dicts took about a kilobyte: memory stays
@@ -161,7 +171,7 @@ class OutputLock:
 class Store:
     """The manifest (journal) and array parts of one output path."""
 
-    def __init__(self, out: Path, job: Job, paths: list[str] | None = None):
+    def __init__(self, out: Path, job: Job, paths: list[str] | None = None, blas: str | None = None):
         self.out = out
         self.job = job
         self.paths = paths  # the whole expanded input list (all shards): what .npz keys are drawn from
@@ -169,6 +179,8 @@ class Store:
         self.parts = out.with_name(out.name + ".parts")
         self.header = {"kind": "header", "format": MANIFEST_FORMAT, "job": job.name,
                        "options": json.loads(json.dumps(job.options(), default=str))}
+        if blas is not None:  # the BLAS thread setting the job's numbers depend on (Job.uses_blas)
+            self.header["blas"] = blas
         self.entries: dict[str, Entry] = {}  # key -> latest entry
         self.started = False  # header written by this run (or resumed onto)
         self.run_id = uuid.uuid4().hex[:8]
@@ -213,6 +225,12 @@ class Store:
             what = f"options {', '.join(diff)}" if diff else f"job {head.get('job')!r}"
             raise InputError(f"{self.manifest}: written with different {what} than this run; "
                              "run without --resume to start over")
+        old, new = head.get("blas"), self.header.get("blas")
+        if old is not None and new is not None and old != new:
+            raise InputError(f"{self.manifest}: its results were computed with BLAS threads {old}, this run "
+                             f"has {new}; the last digits of {self.header['job']} results depend on it. Resume "
+                             "with the same setting (e.g. OPENBLAS_NUM_THREADS, the same Dask or local run) "
+                             "or run without --resume")
         if good_end < len(data):
             with open(self.manifest, "r+b") as fh:
                 fh.truncate(good_end)

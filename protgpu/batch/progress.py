@@ -60,7 +60,7 @@ class BatchProgress:
         self.description = description
         self.t0 = self.last = self._time()
         self.interval = default_interval() if interval is None else float(interval)
-        self._logged = None  # the work count of the last log line
+        self._logged = None  # (done, part) of the last log line
         if tty is None:
             tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.mode = "off" if quiet or self.total < 1 else ("bar" if tty else "log")
@@ -119,7 +119,7 @@ class BatchProgress:
 
     def _log(self, now: float) -> None:
         self.last = now
-        self._logged = self.work
+        self._logged = (self.done, self.part)
         self.stream.write(self.line(now) + "\n")
         self.stream.flush()
 
@@ -155,6 +155,7 @@ class BatchProgress:
             self._bar = None
         elif self.mode == "log":
             now = self._time()
-            if self._logged != self.work and (self._logged is not None or now - self.t0 >= self.interval):
+            if self._logged != (self.done, self.part) and (self._logged is not None
+                                                           or now - self.t0 >= self.interval):
                 self._log(now)
         self.mode = "off"

@@ -66,6 +66,9 @@ class ScoreJob(Job):
     """
 
     name = "score"
+    # the CPU TM-score search's matrix products (scoring/tmscore.py: w @ x, w @ pxy, rot @ pyx.T, ...)
+    # run in BLAS, whose threaded sums differ in the last digit with the thread count
+    uses_blas = True
 
     def __init__(self, reference, *, metrics=("tm", "lddt", "gdt", "rmsd"), mapping: str = "resnum",
                  normalize_by="reference", lddt_atoms: str = "heavy", symmetry: bool = True,
