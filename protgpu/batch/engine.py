@@ -56,8 +56,11 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
         a loaded Structure returning a dict (one row), a list of dicts, an array or a :class:`Result`.
     out : str or os.PathLike, optional
         Output file: ``.csv``, ``.jsonl``, ``.parquet`` (rows) or ``.npz``, ``.npy`` (arrays), written
-        after the last input with the manifest ``OUT.manifest.jsonl`` beside it (journaled as inputs
-        finish) and ``OUT.errors.tsv`` when inputs failed. None: results are only yielded.
+        after the last input, and ``OUT.errors.tsv`` when inputs failed. While the run goes, inputs are
+        journaled as they finish in ``OUT.manifest.jsonl`` and ``OUT.parts/`` beside it, and
+        ``.OUT.lock`` keeps other runs off ``OUT``; once every input succeeded only ``OUT`` remains
+        (after failures under ``keep_going`` the journal stays, for ``resume``). None: results are
+        only yielded.
     resume : bool
         Skip inputs that the manifest records as done with the same content sha256 (needs ``out``).
     keep_going : bool
@@ -114,7 +117,8 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
     Raises
     ------
     InputError
-        Bad options, no inputs, a different manifest on resume, or (without ``keep_going``) the first
+        Bad options, no inputs, another run writing ``out``, a different manifest on resume (job,
+        options, BLAS threads), a journal that is a symbolic link, or (without ``keep_going``) the first
         input that failed, named.
     OutputError
         An output, part or manifest could not be written; what was journaled before stays valid.

@@ -92,7 +92,8 @@ class Summary:
     failed : list of (str, str)
         (input, reason) of the inputs that failed, in input order.
     out, manifest, errors : pathlib.Path or None
-        The output, the manifest, and the errors file (None when nothing failed or no output).
+        The output, the manifest (the journal, kept only when inputs failed: None once removed), and
+        the errors file (None when nothing failed or no output).
     elapsed_s : float
         Wall-clock seconds.
     stats : dict of str to float
