@@ -465,3 +465,20 @@ def test_resume_under_another_blas_setting_is_refused(tmp_path, datasets):
         batch.run(d, job, out=out, resume=True, keep_going=True, pool="inline")
     with contextlib.suppress(FileNotFoundError):
         man.unlink()
+
+
+def test_a_long_trajectory_reports_its_frames_and_chunks_change_no_value(datasets):
+    from protgpu.batch import DistancesJob
+    from protgpu.batch.job import progress_sink
+    from protgpu.io import load
+
+    s = load(datasets / "adk_dims.dcd", top=datasets / "adk_open.pdb").select("ca")
+    item = {"coords": s.coords, "box": None}
+    job = DistancesJob(device="cpu")
+    whole = job.compute([item])[0].arrays[""]
+    job.progress_bytes = 4 * s.n_atoms ** 2 * 7  # 7 frames a chunk
+    seen: list = []
+    with progress_sink(seen.append):
+        chunked = job.compute([item])[0].arrays[""]
+    np.testing.assert_array_equal(chunked, whole)
+    assert len(seen) == -(-s.n_frames // 7) + 1 and seen == sorted(seen) and seen[0] < 0.1 and seen[-1] == 1.0

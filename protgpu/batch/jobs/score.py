@@ -190,6 +190,8 @@ class ScoreJob(Job):
             r = tm_score(items, self.reference, normalize_by=self.normalize_by, mapping=self.mapping,
                          device=self.device)
             self._add("tm_s", time.perf_counter() - t0)
+            if self.want_lddt:
+                self.report_progress(0.5)  # the batch's TM-scores are done, its lDDT next
             for f in [*self.tm_fields, "n_aligned"]:
                 for row, v in zip(rows, np.asarray(getattr(r, f)).reshape(-1).tolist(), strict=True):
                     row[f] = v
