@@ -2,9 +2,10 @@
 
 A :class:`Job` says what to do with one input file; :func:`iter_results` yields each input's
 :class:`InputResult` as it finishes and :func:`run` returns a :class:`Summary`. With ``out=`` the
-results go to ``OUT`` (a table or an ``.npz``/``.npy``, written atomically in input order), with the
-journal ``OUT.manifest.jsonl`` beside it (``resume=True`` skips what it records as done) and, when
-inputs failed under ``keep_going``, ``OUT.errors.tsv``. ``shard=(i, n)`` runs one of n disjoint parts.
+results go to ``OUT`` (a table or an ``.npz``/``.npy``, written atomically in input order); the
+journal ``OUT.manifest.jsonl`` beside it lives while the run goes (``resume=True`` skips what it
+records as done) and is removed once every input succeeded; when inputs failed under ``keep_going``
+it stays, with ``OUT.errors.tsv``. ``shard=(i, n)`` runs one of n disjoint parts.
 The built-in jobs (:mod:`protgpu.batch.jobs`) are those of the subcommands; any function of a
 :class:`~protgpu.structure.Structure` is a job too (:class:`FunctionJob`).
 

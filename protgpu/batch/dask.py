@@ -33,8 +33,37 @@ def _dask_batch(job: Job, items: list) -> list[InputResult]:
     return out
 
 
+def _security(scheduler: str, tls: dict | None):
+    """``distributed.security.Security`` of the ``tls`` files (None without them), checked here so that
+    a missing file or a tls:// address without certificates is one line, not Dask's traceback."""
+    tls = {k: v for k, v in (tls or {}).items() if v is not None}
+    if not tls:
+        if scheduler.startswith("tls://"):
+            raise InputError(f"--scheduler {scheduler}: a tls:// scheduler needs --tls-ca-file, --tls-cert "
+                             "and --tls-key (the certificates Dask's TLS uses)")
+        return None
+    for option, path in tls.items():
+        if not os.path.isfile(path):
+            raise InputError(f"--{option.replace('_', '-')} {path}: no such file")
+    from distributed.security import Security
+
+    return Security(tls_ca_file=tls.get("tls_ca_file"), tls_client_cert=tls.get("tls_cert"),
+                    tls_client_key=tls.get("tls_key"), require_encryption=True)
+
+
+def _connect(Client, scheduler: str, tls: dict | None):
+    """A Client of the scheduler at ``scheduler``; a failure to connect is one InputError line."""
+    security = _security(scheduler, tls)
+    try:
+        # the connect timeout is Dask's own (distributed.comm.timeouts.connect)
+        return Client(scheduler, security=security)
+    except (OSError, TimeoutError, TypeError, ValueError) as exc:
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        raise InputError(f"--scheduler {scheduler}: cannot connect ({why[:200]})") from None
+
+
 @contextlib.contextmanager
-def _dask_client(scheduler: str | None, workers: int | None, gpus):
+def _dask_client(scheduler: str | None, workers: int | None, gpus, tls: dict | None = None):
     try:
         import dask
         from distributed import Client, LocalCluster
@@ -43,7 +72,7 @@ def _dask_client(scheduler: str | None, workers: int | None, gpus):
     if sum(x is not None for x in (scheduler, workers, gpus)) > 1:
         raise InputError("give one of --scheduler, --workers and --gpus")
     if scheduler is not None:
-        with Client(scheduler) as client:
+        with _connect(Client, scheduler, tls) as client:
             yield client
         return
     # a task that kills its worker is retried once by the scheduler, then reported (KilledWorker)
@@ -75,7 +104,7 @@ def _plan_batches(todo: list, batch_size: int) -> list[list]:
 
 
 def iter_dask(job: Job, todo: list, *, scheduler, workers, gpus, batch_size: int,
-               log) -> Iterator[list[InputResult]]:
+               log, tls: dict | None = None) -> Iterator[list[InputResult]]:
     """Yield lists of results, one list per batch, from a Dask cluster (``scheduler``, ``workers`` or
     ``gpus``, one of them; see :func:`protgpu.batch.iter_results`). A batch whose task killed its worker
     is retried input by input; an input that kills a worker alone is a failed result.
@@ -85,7 +114,7 @@ def iter_dask(job: Job, todo: list, *, scheduler, workers, gpus, batch_size: int
     InputError
         Dask (or dask-cuda for ``gpus``) is not installed, or more than one cluster option is given.
     """
-    with _dask_client(scheduler, workers, gpus) as client:
+    with _dask_client(scheduler, workers, gpus, tls) as client:
         from distributed import as_completed
 
         job_f = client.scatter(job, broadcast=True, hash=False)

@@ -11,9 +11,9 @@ from pathlib import Path
 from ..errors import InputError
 from ..io.write import remove_stale_temps
 from .dask import iter_dask
-from .inputs import hash_all, input_paths, parse_shard, shard_path
+from .inputs import common_root, hash_all, input_paths, parse_shard, shard_path
 from .job import as_job
-from .journal import Store
+from .journal import OutputLock, Store, blas_setting
 from .local import default_jobs, iter_local
 from .progress import BatchProgress
 from .results import InputResult, Summary, raise_for
@@ -38,9 +38,11 @@ class _Run:
 
 def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: bool = False, shard=None,
                  jobs: int | None = None, pool: str = "auto", batch_size: int | None = None,
-                 scheduler: str | None = None, workers: int | None = None, gpus=None, progress=False,
+                 scheduler: str | None = None, tls: dict | None = None, workers: int | None = None,
+                 gpus=None, progress=False,
                  quiet: bool = False, description: str | None = None, start_method: str | None = None,
-                 log: Callable[[str], None] | None = None, _state: _Run | None = None,
+                 log: Callable[[str], None] | None = None, journal_interval: float = 5.0,
+                 progress_interval: float | None = None, _state: _Run | None = None,
                  _resumed_arrays: bool = True) -> Iterator[InputResult]:
     """Process many inputs with a job and yield each input's :class:`InputResult` as it finishes.
 
@@ -54,8 +56,11 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
         a loaded Structure returning a dict (one row), a list of dicts, an array or a :class:`Result`.
     out : str or os.PathLike, optional
         Output file: ``.csv``, ``.jsonl``, ``.parquet`` (rows) or ``.npz``, ``.npy`` (arrays), written
-        after the last input with the manifest ``OUT.manifest.jsonl`` beside it (journaled as inputs
-        finish) and ``OUT.errors.tsv`` when inputs failed. None: results are only yielded.
+        after the last input, and ``OUT.errors.tsv`` when inputs failed. While the run goes, inputs are
+        journaled as they finish in ``OUT.manifest.jsonl`` and ``OUT.parts/`` beside it, and
+        ``.OUT.lock`` keeps other runs off ``OUT``; once every input succeeded only ``OUT`` remains
+        (after failures under ``keep_going`` the journal stays, for ``resume``). None: results are
+        only yielded.
     resume : bool
         Skip inputs that the manifest records as done with the same content sha256 (needs ``out``).
     keep_going : bool
@@ -72,13 +77,19 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
     batch_size : int, optional
         Most inputs per compute call (default: the job's).
     scheduler : str, optional
-        Address of a running Dask scheduler to run the batches on.
+        Address of a running Dask scheduler to run the batches on. The scheduler and its workers are
+        trusted: jobs and results travel to and from them by pickle.
+    tls : dict, optional
+        For a ``tls://`` scheduler: ``tls_ca_file``, ``tls_cert``, ``tls_key`` (PEM files), made into a
+        ``distributed.security.Security``.
     workers : int, optional
         Start a local Dask cluster of this many worker processes.
     gpus : "all" or int, optional
         Start dask-cuda's LocalCUDACluster, one worker per GPU.
     progress : bool
-        Show progress on stderr: a bar on a terminal, a log line every 10 s otherwise.
+        Show progress on stderr: a bar on a terminal, a log line every ``progress_interval`` seconds
+        otherwise. Progress counts inputs as they finish and, within a batch, the work its job reports
+        (:meth:`Job.report_progress`).
     quiet : bool
         No progress and no notes.
     description : str, optional
@@ -90,6 +101,12 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
         pool then need the ``if __name__ == "__main__":`` guard).
     log : callable, optional
         Receives one-line notes (worker died, batch split); default: the ``protgpu.batch`` logger.
+    journal_interval : float
+        Most seconds of compute between two journal writes: a local run's batches are cut to what
+        the compute so far says fits in this time (at most ``batch_size``), so that a killed run
+        loses at most about this much work.
+    progress_interval : float, optional
+        Seconds between progress log lines off a terminal; default ``$PROTGPU_PROGRESS_INTERVAL`` or 5.
 
     Yields
     ------
@@ -100,7 +117,8 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
     Raises
     ------
     InputError
-        Bad options, no inputs, a different manifest on resume, or (without ``keep_going``) the first
+        Bad options, no inputs, another run writing ``out``, a different manifest on resume (job,
+        options, BLAS threads), a journal that is a symbolic link, or (without ``keep_going``) the first
         input that failed, named.
     OutputError
         An output, part or manifest could not be written; what was journaled before stays valid.
@@ -139,6 +157,8 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
             raise InputError(f"--gpus {gpus!r}: use all or a number") from None
         if gpus < 1:
             raise InputError(f"--gpus {gpus}: use all or a number >= 1")
+    if not journal_interval > 0:
+        raise InputError(f"journal interval {journal_interval!r}: need a number of seconds above 0")
     if workers is not None and int(workers) < 1:
         raise InputError(f"--workers {workers}: need at least 1")
     use_dask = scheduler is not None or workers is not None or gpus is not None
@@ -165,40 +185,70 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
         i, n = shard if isinstance(shard, tuple) else parse_shard(shard)
         order = [t for t in order if t[0] % n == i]
     state.n_inputs = len(order)
+    # rows name inputs relative to the folder of all of them (every shard's the same)
+    job.input_root = common_root(paths)
     # .npz keys come from the whole input list, so that every shard names an input as the full run does
-    store = Store(out_path, job, paths) if out_path is not None else None
+    blas = None
+    if out_path is not None and job.uses_blas:
+        # Dask workers run with their own setting (one thread, by default): "dask" stands for it
+        blas = "dask" if use_dask else blas_setting()
+    store = Store(out_path, job, paths, blas) if out_path is not None else None
+    lock = None
     if store is not None:
-        state.out, state.manifest = out_path, store.manifest
-        remove_stale_temps(out_path)
+        lock = OutputLock(out_path)
+        lock.acquire()  # before touching anything of OUT's: a second run stops here
+    try:
+        yield from _iter_locked(state, job, order, store, resume=resume, keep_going=keep_going, jobs=jobs,
+                                pool=pool, batch_size=batch_size, use_dask=use_dask, scheduler=scheduler, tls=tls,
+                                workers=workers, gpus=gpus, progress=progress, quiet=quiet,
+                                description=description, start_method=start_method, log=log,
+                                journal_interval=journal_interval, progress_interval=progress_interval,
+                                resumed_arrays=_resumed_arrays, job_stats0=job_stats0, t0=t0)
+    finally:
+        if lock is not None:
+            lock.release()
 
-    resumed: list[InputResult] = []
+
+def _iter_locked(state: _Run, job, order: list, store: Store | None, *, resume, keep_going, jobs, pool,
+                 batch_size, use_dask, scheduler, tls, workers, gpus, progress, quiet, description, start_method,
+                 log, journal_interval, progress_interval, resumed_arrays, job_stats0,
+                 t0) -> Iterator[InputResult]:
+    """The body of :func:`iter_results` once the inputs are listed and the output (if any) locked."""
+    stats = state.stats
+    if store is not None:
+        state.out, state.manifest = store.out, store.manifest
+        remove_stale_temps(store.out)
+
+    resumed: list = []  # (index, path, journal entry): made into results one at a time, as yielded
     if resume and store.read():
         hashes = hash_all([p for _, p in order], jobs)
         for index, path in order:
             e = store.done(path, hashes[path])
             if e is not None:
-                resumed.append(InputResult(index, path, "ok", e["sha256"], rows=e.get("rows", []),
-                                           arrays=store.arrays_of(e) if _resumed_arrays else {},
-                                           resumed=True))
-    done_idx = {r.index for r in resumed}
+                resumed.append((index, path, e))
+        del hashes
+    done_idx = {index for index, _, _ in resumed}
     todo = [t for t in order if t[0] not in done_idx]
     if pool == "auto":
         pool = "process" if len(todo) >= 32 and jobs > 1 else ("thread" if len(todo) > 1 else "inline")
 
-    bar = BatchProgress(len(order), description=description or job.name, quiet=quiet or not progress)
+    bar = BatchProgress(len(order), description=description or job.name, quiet=quiet or not progress,
+                        interval=progress_interval)
     stats["setup_s"] = stats.get("setup_s", 0.0) + time.perf_counter() - t0
     try:
-        for r in resumed:
+        for index, path, e in resumed:
             state.n_ok += 1
             state.n_resumed += 1
             bar.advance(ok=True)
-            yield r
+            yield InputResult(index, path, "ok", e.sha256, rows=e.rows,
+                              arrays=store.arrays_of(e) if resumed_arrays else {}, resumed=True)
         if use_dask:
-            batches = iter_dask(job, todo, scheduler=scheduler, workers=workers, gpus=gpus,
+            batches = iter_dask(job, todo, scheduler=scheduler, tls=tls, workers=workers, gpus=gpus,
                                  batch_size=batch_size, log=bar.note_to(log))
         else:
             batches = iter_local(job, todo, jobs=jobs, pool=pool, start_method=start_method,
-                                  batch_size=batch_size, log=bar.note_to(log), stats=stats)
+                                  batch_size=batch_size, log=bar.note_to(log), stats=stats,
+                                  journal_s=journal_interval, on_progress=bar.partial)
         try:
             for results in batches:
                 results.sort(key=lambda r: r.index)
@@ -236,13 +286,16 @@ def iter_results(inputs, job, *, out=None, resume: bool = False, keep_going: boo
             if isinstance(v, float):
                 stats[k] = stats.get(k, 0.0) + v - job_stats0.get(k, 0.0)
     t0 = time.perf_counter()
-    if store is not None and store.started:
+    if store is not None:
+        if not store.started:  # nothing at all to journal (no inputs left): still write an (empty) output
+            store._start()
         rows, failed, errors = store.finish(order)
         state.rows, state.failed, state.errors = rows, failed, errors
-    elif store is not None:  # nothing at all to journal (no inputs left): still write an (empty) output
-        store._start()
-        rows, failed, errors = store.finish(order)
-        state.rows, state.failed, state.errors = rows, failed, errors
+        if not failed:
+            # complete: the output alone remains. With failed inputs (keep_going) the journal stays, so
+            # that --resume retries only those
+            store.remove()
+            state.manifest = None
     stats["write_s"] = stats.get("write_s", 0.0) + time.perf_counter() - t0
 
 

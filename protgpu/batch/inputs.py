@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import stat
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -108,23 +109,27 @@ def expand_inputs(items, *, extensions=None) -> list[str]:
             for line in lines:
                 _list_line(line, list_file, base)
             return
-        if any(ch in item for ch in "*?["):
+        # a path that exists is itself, whatever characters its name holds (glob[1].pdb, star*.pdb)
+        if not os.path.lexists(item) and any(ch in item for ch in "*?["):
             matches = sorted(glob.glob(item, recursive=True))
             if not matches:
-                raise InputError(f"{item}: no file matches this pattern")
-            for m in matches:
-                expand(m, origin)
+                raise InputError(f"{display_path(item)}: no file matches this pattern")
+            for m in matches:  # a match is a path, never a pattern to expand again
+                path(m, origin)
             return
+        path(item, origin)
+
+    def path(item: str, origin: str | None) -> None:
         if os.path.isdir(item):
             found = _files_under(item, extensions)
             if not found:
-                raise InputError(f"{item}: directory holds no file with a known extension")
+                raise InputError(f"{display_path(item)}: directory holds no file with a known extension")
             for f in found:
                 add(f)
             return
         if not os.path.exists(item):
-            where = f" (listed in {origin})" if origin else ""
-            raise InputError(f"{item}: no such file{where}")
+            where = f" (listed in {display_path(origin)})" if origin else ""
+            raise InputError(f"{display_path(item)}: no such file{where}")
         add(item)
 
     def _list_line(line: str, origin: str, base: str = "") -> None:
@@ -142,14 +147,132 @@ def expand_inputs(items, *, extensions=None) -> list[str]:
     return ExpandedInputs(out)
 
 
-def file_sha256(path, chunk: int = 1 << 20) -> str:
+#: Largest input file the engine reads (hashes); ``$PROTGPU_MAX_INPUT_BYTES`` overrides it.
+MAX_INPUT_BYTES = 1 << 36
+
+
+def max_input_bytes() -> int:
+    """The size cap of an input file: ``$PROTGPU_MAX_INPUT_BYTES``, else :data:`MAX_INPUT_BYTES` (64 GiB)."""
+    try:
+        return int(os.environ.get("PROTGPU_MAX_INPUT_BYTES") or MAX_INPUT_BYTES)
+    except ValueError:
+        return MAX_INPUT_BYTES
+
+
+def _open_regular(path, max_bytes: int | None) -> int:
+    """A read-only descriptor of ``path`` after fstat says it is a regular file of at most ``max_bytes``.
+    Opened non-blocking, so that a named pipe with no writer does not hang the open itself."""
+    name = display_path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        raise InputError(f"{name}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a named pipe" if stat.S_ISFIFO(st.st_mode)
+                    else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a plain file")
+            raise InputError(f"{name}: not a regular file ({kind})")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise InputError(f"{name}: {st.st_size} bytes, more than the {max_bytes} an input may have "
+                             "($PROTGPU_MAX_INPUT_BYTES)")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def regular_file_or_error(path, max_bytes: int | None = None) -> int:
+    """The size of ``path`` when it is a regular file (a symbolic link to one is fine) of at most
+    ``max_bytes``; otherwise an :class:`InputError` naming it. A named pipe, a device (``/dev/zero``),
+    a socket or a directory is refused without reading from it.
+
+    Examples
+    --------
+    >>> regular_file_or_error("/dev/zero")
+    Traceback (most recent call last):
+    ...
+    protgpu.errors.InputError: /dev/zero: not a regular file (a device)
+    """
+    fd = _open_regular(path, max_bytes)
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+def display_path(path) -> str:
+    """A path as messages and tables show it: an undecodable byte of its name (a surrogate escape,
+    ``\\udcff``) as ``\\xff``, so that it prints and encodes as UTF-8.
+
+    Examples
+    --------
+    >>> display_path("m_\\udcff.pdb")
+    'm_\\\\xff.pdb'
+    """
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def common_root(paths) -> str:
+    """The deepest folder holding every one of ``paths`` (absolute); inputs are named relative to it
+    (:func:`input_name`), so that ``af/a/ranked_0.pdb`` and ``af/b/ranked_0.pdb`` stay apart."""
+    folders = {os.path.dirname(os.path.abspath(p)) for p in paths}
+    if not folders:
+        return os.getcwd()
+    try:
+        return os.path.commonpath(sorted(folders))
+    except ValueError:  # Windows: paths on different drives have no common folder
+        return ""
+
+
+def input_name(path, root: str | None) -> str:
+    """How tables and ``.npz`` keys name the input ``path``: its path relative to ``root`` (the inputs'
+    :func:`common_root`; the base name when ``root`` is None), shown by :func:`display_path`.
+
+    Examples
+    --------
+    >>> root = common_root(["af/a/ranked_0.pdb", "af/b/ranked_0.pdb"])
+    >>> [input_name(p, root) for p in ("af/a/ranked_0.pdb", "af/b/ranked_0.pdb")]
+    ['a/ranked_0.pdb', 'b/ranked_0.pdb']
+    """
+    if root is None:
+        name = os.path.basename(path)
+    elif root == "":
+        name = os.path.abspath(path)
+    else:
+        name = os.path.relpath(os.path.abspath(path), root)
+    return display_path(name.replace(os.sep, "/"))
+
+
+def file_sha256(path, chunk: int = 1 << 20, max_bytes: int | None = None) -> str:
     """Hex sha256 of a file's bytes (the manifest's content hash).
 
     Parameters
     ----------
     path : str or os.PathLike
+        A regular file (or a link to one).
     chunk : int
         Read size, bytes.
+    max_bytes : int, optional
+        Largest size accepted; default :func:`max_input_bytes`.
+
+    Raises
+    ------
+    InputError
+        ``path`` is not a regular file (a named pipe, ``/dev/zero``), or is larger than ``max_bytes``:
+        it is not read at all.
 
     Returns
     -------
@@ -165,12 +288,17 @@ def file_sha256(path, chunk: int = 1 << 20) -> str:
     >>> file_sha256(path)
     'ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad'
     """
+    cap = max_input_bytes() if max_bytes is None else max_bytes
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    n = 0
+    with os.fdopen(_open_regular(path, cap), "rb") as fh:
         while True:
             b = fh.read(chunk)
             if not b:
                 break
+            n += len(b)
+            if n > cap:  # the file grew while read
+                raise InputError(f"{display_path(path)}: more than the {cap} bytes an input may have")
             h.update(b)
     return h.hexdigest()
 
@@ -227,7 +355,7 @@ def hash_all(paths: list[str], jobs: int) -> dict:
     def one(p):
         try:
             return p, file_sha256(p)
-        except OSError:
+        except (OSError, InputError):  # the input's own run then says why
             return p, None
 
     with ThreadPoolExecutor(max(1, jobs)) as ex:  # hashlib releases the GIL on large reads

@@ -10,11 +10,27 @@ atom) and :func:`as_job` (a Job or a function -> a Job).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
 
 from ..errors import InputError
 
 __all__ = ["FunctionJob", "Job"]
+
+# where Job.report_progress goes in this thread: set by the engine around each compute call (a thread
+# local, not an attribute of the job, which is pickled to workers)
+_sink = threading.local()
+
+
+@contextlib.contextmanager
+def progress_sink(fn: Callable[[float], None] | None):
+    """Within the block, :meth:`Job.report_progress` in this thread calls ``fn(fraction)``."""
+    old = getattr(_sink, "fn", None)
+    _sink.fn = fn
+    try:
+        yield
+    finally:
+        _sink.fn = old
 
 
 class Job:
@@ -32,11 +48,29 @@ class Job:
         Most inputs handed to one :meth:`compute` call.
     columns : list of str or None
         Table columns, in order; None means every key of the rows in order of first appearance.
+    input_root : str or None
+        The inputs' common folder, set by the engine (:meth:`input_name`).
+    uses_blas : bool
+        The results depend on the BLAS thread count in their last digits (a resume must use the same).
     """
 
     name: str = "job"
     batch_size: int = 64
     columns: list | None = None
+    #: Whether the job's numbers go through BLAS matrix products, whose last digits depend on the BLAS
+    #: thread count: the journal then records that count and a resume with another one is refused
+    uses_blas: bool = False
+    #: The folder holding every input of the run (set by the engine before its workers start):
+    #: :meth:`input_name` names inputs relative to it
+    input_root: str | None = None
+
+    def input_name(self, path: str) -> str:
+        """How a row names the input ``path``: relative to the run's common folder (``af/a/ranked_0.pdb``
+        and ``af/b/ranked_0.pdb`` are ``a/ranked_0.pdb`` and ``b/ranked_0.pdb``), the base name outside a
+        run."""
+        from .inputs import input_name
+
+        return input_name(path, self.input_root)
 
     def options(self) -> dict:
         """JSON-serialisable settings that change results; ``resume`` refuses a manifest whose header
@@ -56,8 +90,22 @@ class Job:
 
     def compute(self, items: list) -> list:
         """One result per parsed input, in order: a :class:`Result`, a dict (one row), a list of dicts,
-        an array (the input's array), or None (nothing)."""
-        return [self.compute_one(it) for it in items]
+        an array (the input's array), or None (nothing). A long compute should call
+        :meth:`report_progress` as it goes (this one does after each input)."""
+        out = []
+        for k, it in enumerate(items):
+            out.append(self.compute_one(it))
+            self.report_progress((k + 1) / len(items))
+        return out
+
+    @staticmethod
+    def report_progress(fraction: float) -> None:
+        """Tell the engine's progress display that ``fraction`` (0 to 1) of the current
+        :meth:`compute` call's work is done (frames of a long trajectory, chunks of a batch).
+        Without a display (a Dask worker, a caller's own loop) it does nothing."""
+        fn = getattr(_sink, "fn", None)
+        if fn is not None:
+            fn(min(max(float(fraction), 0.0), 1.0))
 
     def compute_one(self, item):
         """The result of one parsed input (used by the default :meth:`compute`)."""

@@ -1,8 +1,14 @@
 """The journal of a batch run: ``OUT.manifest.jsonl`` (a header, then one line per finished input)
 and the array parts in ``OUT.parts/``, read back for ``resume`` and assembled into the output.
 
-Internal API (the engine, the CLI): :class:`Store` (the journal of one output) and
-:func:`write_run_record` (the same manifest for a run written in one piece).
+The journal lives only while a run is in progress or was interrupted: once the output is written and
+every input succeeded, :meth:`Store.remove` deletes it (with ``keep_going`` and failed inputs it stays,
+so that ``--resume`` retries only those). :class:`OutputLock` (``.OUT.lock``) keeps two runs from
+writing one output. Neither the manifest nor the parts folder is followed when it is a symbolic link,
+and a manifest entry can only name a part file inside ``OUT.parts/``.
+
+Internal API (the engine, the CLI): :class:`Store` (the journal of one output), :class:`OutputLock`
+and :func:`write_run_record` (the same manifest for a run written in one piece).
 """
 
 from __future__ import annotations
@@ -10,15 +16,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 import uuid
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputError
 from ..io.write import atomic_path
+from .inputs import display_path
 from .job import Job
 from .results import InputResult
 from .writers import (
@@ -32,12 +41,137 @@ from .writers import (
 )
 
 MANIFEST_FORMAT = "protgpu-batch/1"
+# the only part names a manifest may hold: a name this engine made, inside OUT.parts/ (no "/", no "..")
+_PART_NAME = re.compile(r"part-[0-9a-f]{8}-[0-9]{6}\.npz")
+
+
+def _refuse_link(path: Path, what: str) -> None:
+    """InputError when ``path`` is a symbolic link: the journal never writes or deletes through one."""
+    if path.is_symlink():
+        raise InputError(f"{path}: the {what} is a symbolic link; protgpu does not follow it (remove the link)")
+
+
+def blas_setting() -> str:
+    """This process's BLAS thread setting as the journal records it: ``"openblas:8"`` (each BLAS
+    library loaded, with its thread count; threadpoolctl reads it)."""
+    from threadpoolctl import threadpool_info
+
+    libs = sorted(f"{i.get('internal_api')}:{i.get('num_threads')}" for i in threadpool_info()
+                  if i.get("user_api") == "blas")
+    return ",".join(libs) or "none"
+
+
+class Entry:
+    """What the journal keeps in memory of one input: its status and hash, where its arrays are, and its
+    rows as their JSON text (a few hundred bytes, where the row dicts took about a kilobyte: memory stays
+    small per input over 100,000 of them)."""
+
+    __slots__ = ("arrays", "error", "n_rows", "part", "rows_json", "sha256", "slot", "status")
+
+    def __init__(self, line: dict):
+        self.status = line.get("status")
+        self.sha256 = line.get("sha256")
+        self.part = line.get("part")
+        self.slot = line.get("slot")
+        self.arrays = tuple(line.get("arrays", ()))
+        self.error = line.get("error")
+        rows = line.get("rows") or []
+        self.n_rows = len(rows)
+        self.rows_json = json.dumps(rows).encode() if rows else None
+
+    @property
+    def rows(self) -> list:
+        """The rows, decoded (a new list each time)."""
+        return json.loads(self.rows_json) if self.rows_json is not None else []
+
+
+class Rows(Sequence):
+    """The rows of a run's journaled inputs, in input order, decoded when read: :attr:`Summary.rows` of a
+    run with ``out``, which keeps them as JSON text instead of one dict per value."""
+
+    def __init__(self, entries: list):
+        self._entries = [e for e in entries if e.n_rows]
+        self._n = sum(e.n_rows for e in self._entries)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self):
+        for e in self._entries:
+            yield from e.rows
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return list(self)[i]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("row index out of range")
+        for e in self._entries:
+            if i < e.n_rows:
+                return e.rows[i]
+            i -= e.n_rows
+        raise IndexError("row index out of range")
+
+    def __eq__(self, other):
+        return isinstance(other, (list, tuple, Sequence)) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
+class OutputLock:
+    """An exclusive lock on one output: ``.OUT.lock`` beside it (``fcntl.flock``), held for a whole run
+    and removed at its end; a second run on the same output fails at once with a one-line error.
+    Where there is no ``fcntl`` (Windows) nothing is locked."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.path = out.with_name(f".{out.name}.lock")
+        self.fd = None
+
+    def acquire(self) -> None:
+        try:
+            import fcntl
+        except ImportError:  # Windows: no advisory locks of this kind; runs are not guarded
+            return
+        _refuse_link(self.path, "lock file")
+        for _ in range(10):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+            except OSError as exc:
+                raise InputError(f"--out {self.out}: cannot create the lock file {self.path} "
+                                 f"({exc.strerror or exc})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise InputError(f"--out {self.out}: another protgpu run is writing this output "
+                                 f"(lock {self.path}); wait for it or choose another --out") from None
+            # the holder before us may have removed the file after we opened it: lock the one on disk
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self.fd = fd
+                return
+            os.close(fd)
+        raise InputError(f"--out {self.out}: cannot take the lock {self.path} (it keeps being replaced)")
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink()  # while still locked: a waiting run then locks a fresh file
+        os.close(self.fd)
+        self.fd = None
 
 
 class Store:
     """The manifest (journal) and array parts of one output path."""
 
-    def __init__(self, out: Path, job: Job, paths: list[str] | None = None):
+    def __init__(self, out: Path, job: Job, paths: list[str] | None = None, blas: str | None = None):
         self.out = out
         self.job = job
         self.paths = paths  # the whole expanded input list (all shards): what .npz keys are drawn from
@@ -45,7 +179,9 @@ class Store:
         self.parts = out.with_name(out.name + ".parts")
         self.header = {"kind": "header", "format": MANIFEST_FORMAT, "job": job.name,
                        "options": json.loads(json.dumps(job.options(), default=str))}
-        self.entries: dict[str, dict] = {}  # key -> latest entry
+        if blas is not None:  # the BLAS thread setting the job's numbers depend on (Job.uses_blas)
+            self.header["blas"] = blas
+        self.entries: dict[str, Entry] = {}  # key -> latest entry
         self.started = False  # header written by this run (or resumed onto)
         self.run_id = uuid.uuid4().hex[:8]
         self.n_parts = 0
@@ -59,8 +195,12 @@ class Store:
     def read(self) -> bool:
         """Load the manifest for a resume; False when there is none. Drops a torn last line and parts
         that no entry references (a run killed between writing a part and journaling it)."""
+        _refuse_link(self.manifest, "manifest")
+        _refuse_link(self.parts, "parts folder")
         try:
-            data = self.manifest.read_bytes()
+            fd = os.open(self.manifest, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            with os.fdopen(fd, "rb") as fh:
+                data = fh.read()
         except FileNotFoundError:
             return False
         except OSError as exc:
@@ -85,13 +225,23 @@ class Store:
             what = f"options {', '.join(diff)}" if diff else f"job {head.get('job')!r}"
             raise InputError(f"{self.manifest}: written with different {what} than this run; "
                              "run without --resume to start over")
+        old, new = head.get("blas"), self.header.get("blas")
+        if old is not None and new is not None and old != new:
+            raise InputError(f"{self.manifest}: its results were computed with BLAS threads {old}, this run "
+                             f"has {new}; the last digits of {self.header['job']} results depend on it. Resume "
+                             "with the same setting (e.g. OPENBLAS_NUM_THREADS, the same Dask or local run) "
+                             "or run without --resume")
         if good_end < len(data):
             with open(self.manifest, "r+b") as fh:
                 fh.truncate(good_end)
         for e in lines[1:]:
             if e.get("kind") == "input":
-                self.entries[e["key"]] = e
-        referenced = {e.get("part") for e in self.entries.values() if e.get("part")}
+                part = e.get("part")
+                if part is not None and not (isinstance(part, str) and _PART_NAME.fullmatch(part)):
+                    raise InputError(f"{self.manifest}: the entry of {e.get('input')!r} names part {part!r}, "
+                                     f"which is not a part file in {self.parts}; run without --resume")
+                self.entries[e["key"]] = Entry(e)
+        referenced = {e.part for e in self.entries.values() if e.part}
         if self.parts.is_dir():
             for p in self.parts.iterdir():
                 if p.name not in referenced and (p.name.startswith("part-") or p.name.startswith(".part-")):
@@ -100,27 +250,27 @@ class Store:
         self.started = True
         return True
 
-    def done(self, path: str, sha: str | None) -> dict | None:
-        """The manifest entry of ``path`` when it is ``ok`` with content ``sha`` (and its part file
+    def done(self, path: str, sha: str | None) -> Entry | None:
+        """The journal entry of ``path`` when it is ``ok`` with content ``sha`` (and its part file
         exists): the input need not run again. None otherwise."""
         e = self.entries.get(self.key(path))
-        if e is None or e.get("status") != "ok" or sha is None or e.get("sha256") != sha:
+        if e is None or e.status != "ok" or sha is None or e.sha256 != sha:
             return None
-        if e.get("part") and not (self.parts / e["part"]).is_file():
+        if e.part and not (self.parts / e.part).is_file():
             return None
         return e
 
-    def arrays_of(self, e: dict) -> dict:
+    def arrays_of(self, e: Entry) -> dict:
         """The arrays of a journaled entry, read from its part file (empty when it has none)."""
-        if not e.get("part"):
+        if not e.part:
             return {}
-        slot = e["slot"]
-        with np.load(self.parts / e["part"]) as z:
-            return {name: z[f"{slot}:{name}"] for name in e.get("arrays", [])}
+        with np.load(self.parts / e.part) as z:
+            return {name: z[f"{e.slot}:{name}"] for name in e.arrays}
 
     # -- writing -------------------------------------------------------------------------------
     def _start(self) -> None:
         """First commit of a fresh run: replace an old journal (only files this engine names)."""
+        _refuse_link(self.parts, "parts folder")
         if self.parts.is_dir():
             for p in self.parts.iterdir():
                 if p.name.startswith(("part-", ".part-")):
@@ -167,30 +317,45 @@ class Store:
                     e.update(part=part, slot=slots[id(r)], arrays=list(r.arrays))
             else:
                 e["error"] = r.error
-            self.entries[e["key"]] = e
+            self.entries[e["key"]] = Entry(e)
             lines.append(json.dumps(e) + "\n")
         try:
-            with open(self.manifest, "a") as fh:
+            fd = os.open(self.manifest, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0))
+            with os.fdopen(fd, "w") as fh:
                 fh.write("".join(lines))
         except OSError as exc:
             raise OutputError(f"{self.manifest}: cannot append ({exc.strerror or exc}); rerun with --resume "
                               "once there is space") from None
 
-    def finish(self, order: list) -> tuple[list, list, Path | None]:
-        """Write the output and errors file from the journal, in input order."""
+    def finish(self, order: list) -> tuple[Rows, list, Path | None]:
+        """Write the output and errors file from the journal, in input order; the rows (decoded as they
+        are read, not held as dicts) and the failures."""
         ok, failed = [], []
         for _index, path in order:
             e = self.entries.get(self.key(path))
             if e is None:
                 continue
-            (ok if e["status"] == "ok" else failed).append((path, e))
-        rows = [r for _, e in ok for r in e.get("rows", [])]
+            (ok if e.status == "ok" else failed).append((path, e))
+        rows = Rows([e for _, e in ok])
         if self.out.name.lower().endswith(TABLE_SUFFIXES):
             write_table(self.out, rows, self.job.columns)
         else:
-            self._write_arrays([(p, e) for p, e in ok])
-        errors = write_errors(self.out, [(p, e.get("sha256"), e.get("error", "")) for p, e in failed])
-        return rows, [(p, e.get("error", "")) for p, e in failed], errors
+            self._write_arrays(ok)
+        errors = write_errors(self.out, [(p, e.sha256, e.error or "") for p, e in failed])
+        return rows, [(p, e.error or "") for p, e in failed], errors
+
+    def remove(self) -> None:
+        """Delete the journal (the manifest, and the part files in ``OUT.parts/``, then the folder
+        when nothing else is in it): the run is complete and its output written."""
+        with contextlib.suppress(FileNotFoundError):
+            self.manifest.unlink()
+        if self.parts.is_dir() and not self.parts.is_symlink():
+            for p in self.parts.iterdir():
+                if p.name.startswith(("part-", ".part-")):
+                    with contextlib.suppress(OSError):
+                        p.unlink()
+            with contextlib.suppress(OSError):
+                self.parts.rmdir()
 
     def _write_arrays(self, ok: list) -> None:
         if self.out.name.lower().endswith(".npy"):
@@ -213,7 +378,7 @@ class Store:
             for key, (_, e) in zip(keys, ok, strict=True):
                 for name, a in self.arrays_of(e).items():
                     yield (key if name == "" else f"{key}/{name}"), a
-            yield "inputs", np.array([p for p, _ in ok], dtype=str)
+            yield "inputs", np.array([display_path(p) for p, _ in ok], dtype=str)
 
         write_output(self.out, lambda tmp: write_npz(tmp, items()))
 

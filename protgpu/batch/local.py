@@ -24,7 +24,7 @@ from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
 from dataclasses import dataclass
 
 from .inputs import file_sha256
-from .job import Job
+from .job import Job, progress_sink
 from .results import Failure, InputResult, as_result, failed_result, failure_of
 
 _WORKER_JOB: Job | None = None
@@ -263,8 +263,15 @@ def chunk_size(kind: str, n_inputs: int, jobs: int) -> int:
 
 
 def iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, batch_size: int,
-                log, stats: dict | None = None) -> Iterator[list[InputResult]]:
+                log, stats: dict | None = None, journal_s: float = 5.0,
+                on_progress: Callable[[float], None] | None = None) -> Iterator[list[InputResult]]:
     """Yield lists of results, one list per computed batch (plus lists of parse failures).
+
+    A batch holds at most ``batch_size`` inputs, and no more than the compute of earlier batches says
+    fit in ``journal_s`` seconds (the first batch: at most 8), so that the engine journals finished
+    work at least that often whatever the batch size. ``on_progress(n)`` hears of work within a
+    batch: ``n`` inputs' worth of it finished (a fraction of the batch), as the job reports it
+    (:meth:`Job.report_progress`).
 
     ``stats`` (if given) receives seconds: ``hash_s``/``load_s`` (parse work, summed over workers),
     whatever the parsed items report in a ``timings`` dict, ``pool_start_s`` (starting the parse pool
@@ -316,17 +323,30 @@ def iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, batc
         n_buffered += 1
         return []
 
+    # seconds of compute per input, from the batches so far (None before the first)
+    per_input: list = [None]
+
+    def cap() -> int:
+        """Inputs in the next batch: what fits in journal_s at the rate seen so far."""
+        if per_input[0] is None:
+            return min(batch_size, 8)
+        return max(1, min(batch_size, int(journal_s / max(per_input[0], 1e-9))))
+
     def flush(key) -> list[InputResult]:
         nonlocal n_buffered
         group = groups[key]
-        entries, rest = group[:batch_size], group[batch_size:]
+        n = cap()
+        entries, rest = group[:n], group[n:]
         if rest:
             groups[key] = rest
         else:
             del groups[key]
         n_buffered -= len(entries)
         t0 = time.perf_counter()
-        out = compute_group(job, entries, log)
+        with progress_sink(None if on_progress is None else (lambda f: on_progress(f * len(entries)))):
+            out = compute_group(job, entries, log)
+        dt = time.perf_counter() - t0
+        per_input[0] = dt / len(entries)
         add_time("compute_s", t0)
         return out
 
@@ -346,7 +366,7 @@ def iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, batc
     try:
         while queue or in_flight or groups:
             # a full group, a full buffer, or nothing more to parse: compute
-            full = next((k for k, g in groups.items() if len(g) >= batch_size), None)
+            full = next((k for k, g in groups.items() if len(g) >= cap()), None)
             if full is None and groups:
                 if not queue and not in_flight:  # everything parsed: drain, lowest input first
                     full = min(groups, key=lambda k: groups[k][0].index)

@@ -86,12 +86,14 @@ class Summary:
         Inputs of this run (this shard's, after expansion).
     n_ok, n_failed, n_resumed : int
         Inputs that succeeded (including resumed ones), failed, and were taken from an earlier run.
-    rows : list of dict
-        Rows of the inputs that succeeded, in input order.
+    rows : sequence of dict
+        Rows of the inputs that succeeded, in input order (with ``out``, a sequence that decodes them
+        from the journal's compact form as it is read).
     failed : list of (str, str)
         (input, reason) of the inputs that failed, in input order.
     out, manifest, errors : pathlib.Path or None
-        The output, the manifest, and the errors file (None when nothing failed or no output).
+        The output, the manifest (the journal, kept only when inputs failed: None once removed), and
+        the errors file (None when nothing failed or no output).
     elapsed_s : float
         Wall-clock seconds.
     stats : dict of str to float
@@ -181,18 +183,22 @@ def failure_of(exc: BaseException, path: str) -> Failure:
 
 def raise_for(r: InputResult):
     """Stop the run for a failed input (no keep_going): a one-line error naming the file."""
+    from .inputs import display_path
+
     f = r._failure or Failure(r.error or "failed", "input")
+    name = display_path(r.input)
     if f.kind in ("fatal", "error") and f.exc is not None:
         if hasattr(f.exc, "add_note"):
-            f.exc.add_note(f"while processing {r.input}")
+            f.exc.add_note(f"while processing {name}")
         raise f.exc
-    if f.kind == "input" and isinstance(f.exc, InputError) and os.path.basename(r.input) in str(f.exc):
+    if (f.kind == "input" and isinstance(f.exc, InputError) and os.path.basename(r.input) in str(f.exc)
+            and name == r.input):
         raise f.exc  # its message already names the file
     if f.kind == "oom":
-        raise MemoryBudgetError(f"{r.input}: {f.reason}; it does not fit even alone in a batch")
+        raise MemoryBudgetError(f"{name}: {f.reason}; it does not fit even alone in a batch")
     if f.kind == "error":
-        raise RuntimeError(f"{r.input}: {f.reason}\n{f.detail}")
-    raise InputError(f"{r.input}: {f.reason}")
+        raise RuntimeError(f"{name}: {f.reason}\n{f.detail}")
+    raise InputError(f"{name}: {display_path(f.reason)}")
 
 
 def failed_result(index: int, path: str, sha, f: Failure) -> InputResult:

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import InputError, ProtgpuError
 from ..io.write import atomic_path
+from .inputs import common_root, display_path, input_name
 
 __all__ = ["ARRAY_SUFFIXES", "TABLE_SUFFIXES", "OutputError", "stem_keys", "write_table", "write_zarr"]
 
@@ -70,6 +71,12 @@ def _columns_of(rows: list[dict]) -> list[str]:
     return list(seen)
 
 
+def _cell(v):
+    """A table value as written: a string whose name bytes were not UTF-8 (a surrogate escape) shows
+    them as ``\\xNN`` (:func:`display_path`), so that every format can encode it."""
+    return display_path(v) if isinstance(v, str) else v
+
+
 def write_table(path, rows: list[dict], columns: list[str] | None = None) -> Path:
     """Write rows as a ``.csv``, ``.jsonl`` or ``.parquet`` table, atomically.
 
@@ -77,9 +84,10 @@ def write_table(path, rows: list[dict], columns: list[str] | None = None) -> Pat
     ----------
     path : str or os.PathLike
         Destination; the suffix picks the format. Parquet needs pyarrow.
-    rows : list of dict
+    rows : iterable of dict
         Column name -> value (str, int, float, bool or None; None is an empty CSV cell, JSON null,
-        a Parquet null).
+        a Parquet null). CSV and JSONL are written as the rows come (read twice when ``columns`` is
+        None: pass a sequence then).
     columns : list of str, optional
         Columns in order (missing values are None); default: every key in order of first appearance.
 
@@ -111,16 +119,16 @@ def write_table(path, rows: list[dict], columns: list[str] | None = None) -> Pat
         def write_csv(tmp):
             with open(tmp, "w", newline="") as fh:
                 w = csv.writer(fh)
-                w.writerow(cols)
+                w.writerow([_cell(c) for c in cols])
                 for r in rows:
-                    w.writerow(["" if r.get(c) is None else r.get(c) for c in cols])
+                    w.writerow(["" if r.get(c) is None else _cell(r.get(c)) for c in cols])
 
         return write_output(path, write_csv)
     if low.endswith(".jsonl"):
         def write_jsonl(tmp):
             with open(tmp, "w") as fh:
                 for r in rows:
-                    fh.write(json.dumps({c: r.get(c) for c in cols}) + "\n")
+                    fh.write(json.dumps({_cell(c): _cell(r.get(c)) for c in cols}) + "\n")
 
         return write_output(path, write_jsonl)
     if low.endswith(".parquet"):
@@ -130,7 +138,8 @@ def write_table(path, rows: list[dict], columns: list[str] | None = None) -> Pat
         except ImportError:
             raise InputError(f"--out {path}: writing parquet needs pyarrow (pip install pyarrow); "
                              "or use .csv / .jsonl") from None
-        table = pa.table({c: [r.get(c) for r in rows] for c in cols})
+        rows = rows if isinstance(rows, list) else list(rows)  # read once, not once per column
+        table = pa.table({_cell(c): [_cell(r.get(c)) for r in rows] for c in cols})
         return write_output(path, lambda tmp: pq.write_table(table, tmp))
     raise InputError(f"--out {path}: use a .csv, .jsonl or .parquet file name")
 
@@ -147,11 +156,13 @@ def write_npz(tmp: str, items: Iterable) -> None:
 
 
 def stem_keys(paths: list[str], reserved=("inputs",)) -> list[str]:
-    """One .npz key per input: its file stem (``.gz`` and the extension dropped), made unique.
+    """One .npz key per input: its path relative to the inputs' common folder
+    (:func:`~protgpu.batch.inputs.input_name`) without ``.gz`` and the extension, made unique.
 
     Parameters
     ----------
     paths : list of str
+        Every input of the run (all shards), so that each shard keys an input as the full run does.
     reserved : tuple of str
         Keys already taken (the ``inputs`` array of an engine's ``.npz``).
 
@@ -162,15 +173,20 @@ def stem_keys(paths: list[str], reserved=("inputs",)) -> list[str]:
 
     Examples
     --------
-    >>> stem_keys(["a/x.pdb", "b/x.pdb.gz", "inputs.cif"])
-    ['x', 'x_2', 'inputs_2']
+    >>> stem_keys(["m/x.pdb", "m/y.pdb"]), stem_keys(["af/a/x.pdb", "af/b/x.pdb.gz", "af/inputs.cif"])
+    (['x', 'y'], ['a/x', 'b/x', 'inputs_2'])
+    >>> stem_keys(["m/x.pdb", "m/x.cif"])
+    ['x', 'x_2']
     """
+    root = common_root(paths)
     used, keys = set(reserved), []
     for p in paths:
-        base = os.path.basename(p)
+        base = input_name(p, root)
         if base.lower().endswith(".gz"):
             base = base[:-3]
-        stem = os.path.splitext(base)[0] or "input"
+        folder, leaf = os.path.split(base)
+        stem = os.path.splitext(leaf)[0] or "input"
+        stem = f"{folder}/{stem}" if folder else stem
         key, i = stem, 1
         while key in used:
             i += 1
@@ -194,7 +210,7 @@ def write_errors(out: Path, failed: list) -> Path | None:
         return None
 
     def clean(s):
-        return " ".join(str(s or "").split())  # one line, no tabs
+        return " ".join(display_path(str(s or "")).split())  # one line, no tabs
 
     text = "input\tsha256\terror\n" + "".join(f"{clean(p)}\t{sha or ''}\t{clean(err)}\n" for p, sha, err in failed)
     write_output(path, lambda tmp: Path(tmp).write_text(text))

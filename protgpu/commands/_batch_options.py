@@ -71,19 +71,31 @@ def write_stats_json(path: str, command: str) -> None:
               "elapsed_s": summary.elapsed_s if summary is not None else None,
               "n_inputs": summary.n_inputs if summary is not None else None}
     try:
-        with open(path, "w") as fh:
+        # not through a symbolic link: a link planted at PATH would have the file written elsewhere
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        with os.fdopen(fd, "w") as fh:
             json.dump(record, fh, indent=1)
     except OSError as exc:
-        print(f"protgpu {command}: cannot write {STATS_ENV}={path} ({exc.strerror})", file=sys.stderr)
+        why = "a symbolic link; not followed" if os.path.islink(path) else exc.strerror
+        print(f"protgpu {command}: cannot write {STATS_ENV}={path} ({why})", file=sys.stderr)
 
 
 def add_batch_options(p) -> None:
-    """Add ``--resume --keep-going --shard --jobs --batch-size --scheduler --workers --gpus`` to ``p``."""
-    g = p.add_argument_group("batch options")
+    """Add the batch options (``--resume --keep-going --shard --jobs --batch-size --journal-interval
+    --progress-interval --scheduler --tls-ca-file --tls-cert --tls-key --workers --gpus``) to ``p``."""
+    g = p.add_argument_group(
+        "batch options",
+        "While a run is in progress its journal lives beside the output: OUT.manifest.jsonl (each finished "
+        "input's sha256, status and rows) and OUT.parts/ (their arrays), with the lock .OUT.lock. When every "
+        "input succeeded, the output is written and the journal removed: only OUT remains. A killed run, or "
+        "one stopped by a bad input, leaves the journal for --resume; so does a --keep-going run with failed "
+        "inputs (listed in OUT.errors.tsv), so that --resume retries only those.")
     g.add_argument("--resume", action="store_true",
-                   help="skip inputs that OUT.manifest.jsonl records as done with the same content sha256")
+                   help="skip inputs that the journal (OUT.manifest.jsonl) of an interrupted run records as done "
+                        "with the same content sha256")
     g.add_argument("--keep-going", "-k", action="store_true",
-                   help="record bad inputs (file and reason) in OUT.errors.tsv and go on; exit 1 if any failed")
+                   help="record bad inputs (file and reason) in OUT.errors.tsv and go on; exit 1 if any failed "
+                        "(the journal is then kept: --resume retries only the failed inputs)")
     g.add_argument("--shard", metavar="i/N",
                    help="process shard i of N (i from 0, e.g. $SLURM_ARRAY_TASK_ID/N); the output gets "
                         ".shard-i-of-N before its suffix ({shard} in its name is replaced instead)")
@@ -91,8 +103,20 @@ def add_batch_options(p) -> None:
                    help="parse workers: processes for 32 inputs or more, threads for fewer (default: the CPUs "
                         "this process may use, at most 32; with Dask the Dask workers parse)")
     g.add_argument("--batch-size", type=int, metavar="N", help="most inputs per compute batch")
+    g.add_argument("--journal-interval", type=float, metavar="SECONDS", default=5.0,
+                   help="journal finished inputs at least this often (default 5): batches are cut to what "
+                        "fits in this much compute, so a killed run loses at most about this much work")
+    g.add_argument("--progress-interval", type=float, metavar="SECONDS",
+                   help="seconds between progress lines when stderr is not a terminal (default "
+                        "$PROTGPU_PROGRESS_INTERVAL or 5)")
     g.add_argument("--scheduler", metavar="ADDRESS",
-                   help="run on an existing Dask distributed scheduler (e.g. tcp://host:8786)")
+                   help="run on an existing Dask distributed scheduler (e.g. tcp://host:8786, or tls://host:8786 "
+                        "with the --tls options). The scheduler and its workers are trusted: inputs' results "
+                        "travel to and from them by pickle")
+    g.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate(s) for a tls:// --scheduler")
+    g.add_argument("--tls-cert", metavar="PEM", help="client certificate for a tls:// --scheduler")
+    g.add_argument("--tls-key", metavar="PEM",
+                   help="client private key for a tls:// --scheduler (default: in --tls-cert)")
     g.add_argument("--workers", type=int, metavar="N", help="run on a local Dask cluster of N worker processes")
     g.add_argument("--gpus", metavar="all|N",
                    help="run on dask-cuda's LocalCUDACluster, one worker per GPU (needs dask-cuda)")
@@ -135,10 +159,17 @@ def run_job(args, job, paths: list[str], *, description: str, on_result=None):
         print(f"protgpu {description}: {msg}", file=sys.stderr)
 
     mark("run")
+    if not args.journal_interval > 0:
+        raise InputError(f"--journal-interval {args.journal_interval}: need a number of seconds above 0")
+    if args.progress_interval is not None and not args.progress_interval >= 0:
+        raise InputError(f"--progress-interval {args.progress_interval}: need a number of seconds, 0 or more")
+    tls = {k: getattr(args, k) for k in ("tls_ca_file", "tls_cert", "tls_key") if getattr(args, k) is not None}
     summary = batch.run(paths, job, out=args.out, resume=args.resume, keep_going=args.keep_going,
-                        shard=args.shard, jobs=args.jobs, batch_size=args.batch_size, scheduler=args.scheduler,
+                        shard=args.shard, jobs=args.jobs, batch_size=args.batch_size,
+                        scheduler=args.scheduler, tls=tls or None,
                         workers=args.workers, gpus=args.gpus, progress=not args.quiet, quiet=args.quiet,
-                        description=description, log=None if args.quiet else note, on_result=on_result)
+                        description=description, log=None if args.quiet else note, on_result=on_result,
+                        journal_interval=args.journal_interval, progress_interval=args.progress_interval)
     mark("run_done")
     _last["summary"] = summary
     return summary
@@ -151,5 +182,7 @@ def report_failures(summary, description: str, quiet: bool = False) -> None:
     if summary.errors is not None:
         print(f"protgpu {description}: {summary.n_failed} input(s) failed; see {summary.errors}", file=sys.stderr)
         return
+    from ..batch.inputs import display_path
+
     for path, why in summary.failed:
-        print(f"protgpu {description}: {path}: {why}", file=sys.stderr)
+        print(f"protgpu {description}: {display_path(path)}: {display_path(why)}", file=sys.stderr)

@@ -11,6 +11,7 @@ import csv
 import errno
 import gzip
 import io
+import itertools
 import json
 import os
 import random
@@ -229,7 +230,9 @@ def test_score_job_matches_direct_calls_and_batch_size(tmp_path, models):
     assert _cli("score", d, "--ref", ref, "--device", "cpu", "-o", out2, "-q", "--batch-size", "64", "-j", "2") == 0
     assert out1.read_bytes() == out2.read_bytes()
     rows = [json.loads(x) for x in out1.read_text().splitlines()]
-    assert [r["model"] for r in rows] == [os.path.basename(p) for p in paths]
+    # named relative to the inputs' folder: a model in sub/ keeps its folder in its name
+    assert [r["model"] for r in rows] == [os.path.relpath(p, d).replace(os.sep, "/") for p in paths]
+    assert "sub/m00.pdb" in [r["model"] for r in rows]
     structures = [load(p) for p in paths]
     tm = tm_score(structures, load(ref), device="cpu")
     ld = lddt(structures, load(ref), device="cpu")
@@ -275,8 +278,12 @@ def test_manifest_records_hash_and_status_and_resume_skips(tmp_path, numbers):
     rows = {r["name"]: r for r in batch.run(numbers, SumJob(), pool="inline").rows}
     assert out.read_text().count("\n") == 21 and rows["f07.pdb"]["sum"] == 30.0
     assert out.read_bytes() != first
+    # complete: the journal is gone, only the output remains
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("o.")) == ["o.csv"]
 
-    # different job options: refused, with a clear message
+    # different job options: refused, with a clear message (a journal left by a failed input)
+    (numbers / "f05.pdb").write_text("BAD")
+    batch.run(numbers, SumJob(), out=out, keep_going=True, pool="inline")
     with pytest.raises(InputError, match="different options tag"):
         batch.run(numbers, SumJob(tag="x"), out=out, resume=True, pool="inline")
     with pytest.raises(InputError, match="needs --out"):
@@ -331,6 +338,11 @@ def test_torn_manifest_line_and_orphan_parts_are_dropped_on_resume(tmp_path, num
     batch.run(numbers, SumJob(arrays=True), out=out, pool="inline")
     expected = out.read_bytes()
     man = tmp_path / "o.npz.manifest.jsonl"
+    assert not man.exists()  # a complete run leaves only its output
+    # a run stopped after its last input was journaled, before the output was written
+    it = batch.iter_results(numbers, SumJob(arrays=True), out=out, pool="inline")
+    assert len(list(itertools.islice(it, 20))) == 20
+    it.close()
     lines = man.read_text().splitlines(keepends=True)
     # as if killed: the last batch half journaled (a torn line), a part written but never journaled
     man.write_text("".join(lines[:-3]) + lines[-3][: len(lines[-3]) // 2])
@@ -340,7 +352,7 @@ def test_torn_manifest_line_and_orphan_parts_are_dropped_on_resume(tmp_path, num
     s = batch.run(numbers, SumJob(arrays=True), out=out, resume=True, pool="inline")
     assert s.n_resumed == 17 and not orphan.exists()
     assert out.read_bytes() == expected
-    assert all(json.loads(x) for x in man.read_text().splitlines())
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "in") == ["o.npz"]
     with np.load(out) as z:
         assert z.files[:3] == ["f00", "f01", "f02"] and list(z["inputs"]) == sorted(str(p) for p in numbers.iterdir())
         np.testing.assert_array_equal(z["f03"], 2 * np.loadtxt(numbers / "f03.pdb", ndmin=1))
@@ -397,7 +409,7 @@ def test_sigkill_distances_npz_then_resume_gives_identical_output(tmp_path, mode
     inputs = expand_inputs([str(models / "models")])
     full, _ = _kill_and_resume(base, inputs, tmp_path, ".npz", kills=2, seed=int.from_bytes(os.urandom(4), "little"))
     with np.load(full) as z:
-        assert len(z.files) == 19 and z["m01"].shape == (1, 40, 40) and z["m00"].shape == (1, 25, 25)
+        assert len(z.files) == 19 and z["m01"].shape == (1, 40, 40) and z["sub/m00"].shape == (1, 25, 25)
 
 
 # --------------------------------------------------------------------------------------------------

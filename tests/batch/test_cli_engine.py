@@ -112,7 +112,7 @@ def test_contacts_every_input_form_gives_the_same_maps(folder, tmp_path, monkeyp
     assert len(set(outputs.values())) == 1, "the four input forms wrote different files"
     z = npz(tmp_path / "dir.npz")
     assert [os.path.basename(p) for p in z["inputs"]] == ["a.pdb", "b.pdb", "d.pdb", "c.pdb.gz"]
-    np.testing.assert_array_equal(z["c/frequency"], z["b/frequency"])  # the gzipped copy of b
+    np.testing.assert_array_equal(z["sub/c/frequency"], z["b/frequency"])  # the gzipped copy of b (sub/c.pdb.gz)
     np.testing.assert_array_equal(z["a/distances"], z["d/distances"])
     assert not np.array_equal(z["a/frequency"], z["b/frequency"])
 
@@ -125,7 +125,8 @@ def test_contacts_keep_going_records_the_bad_file(folder, tmp_path, capsys):
     assert "1 input(s) failed; see" in err and "Traceback" not in err
     assert errors_of(out) == [str(folder / "bad.pdb")]
     z = npz(out)
-    assert sorted(k.split("/")[0] for k in z if "/" in k) == ["a"] * 12 + ["b"] * 12 + ["c"] * 12 + ["d"] * 12
+    # keys are paths relative to the inputs' folder: sub/c.pdb.gz is sub/c
+    assert sorted(k.split("/")[0] for k in z if "/" in k) == ["a"] * 12 + ["b"] * 12 + ["d"] * 12 + ["sub"] * 12
     status = {os.path.basename(e["input"]): e["status"] for e in manifest_of(out)[1:]}
     assert status == {"a.pdb": "ok", "b.pdb": "ok", "bad.pdb": "failed", "d.pdb": "ok", "c.pdb.gz": "ok"}
     # without --keep-going: one line naming the file, exit 2

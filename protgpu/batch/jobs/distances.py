@@ -43,6 +43,8 @@ class DistancesJob(Job):
         self.device = device
         self.batch_size = int(batch_size)
         self.max_batch_bytes = int(max_batch_bytes)
+        # a stack of more output than this is computed in chunks of frames, each reported as progress
+        self.progress_bytes = 1 << 26
 
     def options(self) -> dict:
         return {"select": self.select, "top": self.top, "periodic": self.periodic}
@@ -66,15 +68,36 @@ class DistancesJob(Job):
 
         warm_device(self.device, lambda: distances(np.zeros((1, 2, 3), np.float32), device=self.device))
 
+    def _frames_in_chunks(self, stack: np.ndarray, per_frame: int, done: int, total: int) -> np.ndarray:
+        """``distances(stack)``, in chunks of frames of at most ``progress_bytes`` of output when the
+        stack is larger (a long trajectory), reporting each chunk's frames as progress. Frames are
+        independent, so the chunks change no value."""
+        from ...distances import distances
+
+        step = max(1, self.progress_bytes // per_frame)
+        if len(stack) <= step:
+            d = distances(stack, device=self.device)
+        else:
+            d = np.empty((len(stack), stack.shape[1], stack.shape[1]), stack.dtype)
+            for f0 in range(0, len(stack), step):
+                distances(stack[f0:f0 + step], out=d[f0:f0 + step], device=self.device)
+                self.report_progress((done + min(f0 + step, len(stack))) / total)
+        self.report_progress((done + len(stack)) / total)
+        return d
+
     def compute(self, items: list) -> list:
         from ...distances import distances
 
         out: list = [None] * len(items)
+        total_frames = sum(it["coords"].shape[0] for it in items)
+        done_frames = 0
         i = 0
         while i < len(items):
             c = items[i]["coords"]
             if items[i]["box"] is not None:
                 out[i] = distances(c, box=items[i]["box"], device=self.device)
+                done_frames += c.shape[0]
+                self.report_progress(done_frames / total_frames)
                 i += 1
                 continue
             # stack the run of inputs with this atom count, up to the byte budget
@@ -85,7 +108,8 @@ class DistancesJob(Job):
                 frames += items[j]["coords"].shape[0]
                 j += 1
             stack = c if j == i + 1 else np.concatenate([it["coords"] for it in items[i:j]])
-            d = distances(stack, device=self.device)
+            d = self._frames_in_chunks(stack, per_frame, done_frames, total_frames)
+            done_frames += len(stack)
             f0 = 0
             for k in range(i, j):
                 n = items[k]["coords"].shape[0]

@@ -46,6 +46,9 @@ class RmsdJob(Job):
     """
 
     name = "rmsd"
+    # the CPU superposition's matrix products (superpose/to_reference.py) run in BLAS, whose threaded
+    # sums can differ in the last digit with the thread count
+    uses_blas = True
     columns = ["input", "frame", "rmsd_angstrom"]
 
     def __init__(self, reference, *, reference_name: str | None = None, fit: str | None = None,

@@ -14,6 +14,12 @@ from ..results import Result
 
 __all__ = ["ScoreJob"]
 
+# (model, pair) distances per chunk of the CPU lDDT: its temporaries take ~70 bytes each, so 2**21 holds
+# a batch's peak near 150 MB (lddt_counts_numpy's default, 2**24, took 1.2 GB for the 261,000 pairs of
+# AdK's heavy atoms, and ran 3x slower, out of cache); the counts are integers per model, the same
+# whatever the chunk
+_CPU_LDDT_ELEMENTS = 1 << 21
+
 
 def _length_bucket(n: int) -> int:
     """Round a length up to 32, 48, 64, 96, 128, 192, ...: batches of similar length waste at most a
@@ -27,7 +33,8 @@ def _length_bucket(n: int) -> int:
 class ScoreJob(Job):
     """TM-score, RMSD, GDT-TS/GDT-HA, MaxSub and lDDT of every model file against one reference.
 
-    One row per model (per frame of a multi-model file): ``model`` (file name, ``name[i]`` for frame i),
+    One row per model (per frame of a multi-model file): ``model`` (the file's path relative to the
+    folder of all inputs, ``name[i]`` for frame i),
     then the metrics asked for, as :func:`protgpu.tm_score` and :func:`protgpu.lddt` compute them.
     :meth:`load` (in a parse worker) reads a model and matches it to the reference there, keeping only
     the arrays the scores read (:class:`~protgpu.scoring._batch.PreparedModel`: matched CA pairs and the
@@ -59,6 +66,9 @@ class ScoreJob(Job):
     """
 
     name = "score"
+    # the CPU TM-score search's matrix products (scoring/tmscore.py: w @ x, w @ pxy, rot @ pyx.T, ...)
+    # run in BLAS, whose threaded sums differ in the last digit with the thread count
+    uses_blas = True
 
     def __init__(self, reference, *, metrics=("tm", "lddt", "gdt", "rmsd"), mapping: str = "resnum",
                  normalize_by="reference", lddt_atoms: str = "heavy", symmetry: bool = True,
@@ -141,6 +151,8 @@ class ScoreJob(Job):
         read_s = time.perf_counter() - t0
         item = self._prepare(s)
         item.timings["read_s"] = read_s
+        name = self.input_name(path)  # relative to the inputs' common folder: equal base names stay apart
+        item.names = [name] if len(item.names) == 1 else [f"{name}[{i}]" for i in range(len(item.names))]
         return item
 
     def size(self, item) -> object:
@@ -178,6 +190,8 @@ class ScoreJob(Job):
             r = tm_score(items, self.reference, normalize_by=self.normalize_by, mapping=self.mapping,
                          device=self.device)
             self._add("tm_s", time.perf_counter() - t0)
+            if self.want_lddt:
+                self.report_progress(0.5)  # the batch's TM-scores are done, its lDDT next
             for f in [*self.tm_fields, "n_aligned"]:
                 for row, v in zip(rows, np.asarray(getattr(r, f)).reshape(-1).tolist(), strict=True):
                     row[f] = v
@@ -228,7 +242,8 @@ class ScoreJob(Job):
         if be.on_gpu:
             counts = lddt_counts_cuda(batch.coords, ref, thresholds, self.symmetry)
         else:
-            counts = lddt_counts_numpy(batch.coords.astype(np.float64), ref, thresholds, self.symmetry)
+            counts = lddt_counts_numpy(batch.coords.astype(np.float64), ref, thresholds, self.symmetry,
+                                       max_elements=_CPU_LDDT_ELEMENTS)
         glob, per = lddt_scores(counts, ref, len(thresholds), be.xp)
         return to_numpy(glob), to_numpy(per)
 
