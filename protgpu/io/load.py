@@ -1,14 +1,13 @@
 """The load dispatch: :func:`load` turns a path, a Structure, an mdtraj or Biopython object, an array
 or a list of them into a :class:`~protgpu.structure.core.Structure`; path handling and file reading.
 
-Internal API (tests): :func:`read_bytes`, :func:`path_name`, :func:`check_file`, :func:`module_of`.
+Internal API (tests): :func:`read_bytes`, :func:`path_name`, :func:`check_file` (from
+:mod:`protgpu.io._files`), :func:`module_of`.
 """
 
 from __future__ import annotations
 
-import gzip
 import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..structure import Structure
+from ._files import check_file, read_bytes
 from .biopython import from_biopython
 from .formats import (
     MDTRAJ_SELF_CONTAINED,
@@ -31,6 +31,10 @@ from .pdb import parse_pdb
 from .trajectory import from_mdtraj, load_trajectory
 
 __all__ = ["load"]
+
+#: Largest coordinate magnitude a file may hold, Angstrom: beyond it a value is a corrupt field or
+#: an overflow (float32 keeps about 0.01 A of precision there), not a position.
+MAX_COORD = 1e5
 
 _ALTLOC_MODES = ("first", "occupancy")
 
@@ -99,6 +103,8 @@ def load(source, *, top=None, frames=None, altloc: str = "first", model: int | N
     """
     if altloc not in _ALTLOC_MODES:
         raise InputError(f"altloc must be one of {_ALTLOC_MODES}, got {altloc!r}")
+    if model is not None and (not isinstance(model, (int, np.integer)) or isinstance(model, bool)):
+        raise InputError(f"model must be an int (the model number), got {type(model).__name__} {model!r}")
     if isinstance(source, Structure):
         s = source
     elif isinstance(source, (str, os.PathLike)):
@@ -106,6 +112,8 @@ def load(source, *, top=None, frames=None, altloc: str = "first", model: int | N
         if frames_done:
             frames = None
     elif isinstance(source, np.ndarray):
+        if source.ndim in (2, 3) and source.shape[-2] == 0:
+            raise InputError(f"array: coordinates have no atoms (shape {source.shape})")
         s = Structure.from_coords(source, source="array")
     elif isinstance(source, (list, tuple)):
         s = _load_many(source, top=top, altloc=altloc, model=model)
@@ -142,6 +150,7 @@ def _load_many(items: Sequence, *, top, altloc: str, model) -> Structure:
                 "different names/residues); files stacked as frames must have identical atoms"
             )
     boxes = [s.box for s in structures]
+    sources = {s.box_source for s in structures}
     times = [s.time for s in structures]
     return Structure(
         np.concatenate([s.coords for s in structures]),
@@ -149,6 +158,7 @@ def _load_many(items: Sequence, *, top, altloc: str, model) -> Structure:
         source=f"{first.source} (+{len(structures) - 1} more)" if len(structures) > 1 else first.source,
         box=np.concatenate(boxes) if all(b is not None for b in boxes) else None,
         time=np.concatenate(times) if all(t is not None for t in times) else None,
+        box_source="crystal" if sources == {"crystal"} else None,
     )
 
 
@@ -169,73 +179,29 @@ def path_name(source) -> str:
     return str(Path(source))
 
 
-def check_file(path: Path) -> None:
-    """Raise InputError unless ``path`` is an existing, non-empty file (one ``os.stat``)."""
-    name = str(path)
-    try:
-        st = os.stat(path)  # one system call answers exists / directory / empty
-    except FileNotFoundError:
-        raise InputError(f"{name}: no such file") from None
-    except OSError as exc:
-        raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InputError(f"{name}: is a directory, not a structure file")
-    if st.st_size == 0:
-        raise InputError(f"{name}: file is empty")
-
-
-def read_bytes(path: str | Path, gz: bool) -> bytes:
-    """The file's bytes (gunzipped when ``gz``); a missing, unreadable or empty file, or a directory,
-    raises the same InputError as :func:`check_file` (no separate stat call on the way)."""
-    name = str(path)
-    try:
-        # os.read of the size fstat reports: the whole file in one read straight into the bytes
-        # object, four system calls in all (a file object also seeks and reads once more to meet
-        # the end: a few microseconds, a noticeable part of loading a small file)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-    except FileNotFoundError:
-        raise InputError(f"{name}: no such file") from None
-    except OSError as exc:
-        check_file(path)  # a directory (PermissionError on Windows) ...
-        raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
-    try:
-        size = os.fstat(fd).st_size
-        data = os.read(fd, size + 1)
-        if len(data) != size:
-            # a short read (a huge file, some file systems), a file that grew, or one whose size is
-            # not known (a pipe reports 0): read on to the end
-            chunks = [data]
-            while chunks[-1]:
-                chunks.append(os.read(fd, 1 << 20))
-            data = b"".join(chunks)
-    except OSError as exc:
-        check_file(path)  # a directory (it opens, and reading it fails with EISDIR) ...
-        raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
-    finally:
-        os.close(fd)
-    if not data:
-        raise InputError(f"{name}: file is empty")
-    if gz:
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, ValueError) as exc:
-            raise InputError(f"{name}: not a valid gzip file ({exc})") from None
-        if not data:
-            raise InputError(f"{name}: file is empty (after gunzip)")
-    return data
-
-
 def _load_path(name: str, *, top, altloc: str, model, frames):
     """Load the file ``name`` (``str(Path(source))``); returns (structure, whether ``frames`` was applied)."""
-    ext, gz = split_ext(name)
+    ext, _ = split_ext(name)
     if ext in PDB_EXTENSIONS:
-        data = read_bytes(name, gz)  # checks the file as check_file does
+        data = read_bytes(name)  # checks the file as check_file does; decompresses by content
         return parse_pdb(data, name, altloc=altloc, model=model, path=name), False
-    path = Path(name)
-    check_file(path)
     if ext in MMCIF_EXTENSIONS:
-        return read_mmcif(path, name, altloc=altloc, model=model), False
-    if not gz and (ext in TRAJECTORY_EXTENSIONS or ext in MDTRAJ_SELF_CONTAINED or ext in mdtraj_suffixes()):
+        return read_mmcif(name, name, altloc=altloc, model=model), False
+    if ext in TRAJECTORY_EXTENSIONS or ext in MDTRAJ_SELF_CONTAINED or ext in mdtraj_suffixes():
+        check_file(name)
         # trajectory loading applies ``frames`` itself (reading one frame is cheaper than all)
-        return load_trajectory(path, ext, top=top, frames=frames), True
+        s = load_trajectory(Path(name), ext, top=top, frames=frames)
+        check_range(s.coords, name)
+        return s, True
     raise InputError(f"{name}: unknown file extension {ext or '(none)'!r}; supported: {supported_text()}")
+
+
+def check_range(coords: np.ndarray, name: str) -> None:
+    """Raise InputError when a coordinate's magnitude reaches :data:`MAX_COORD` (1e5 Angstrom)."""
+    big = np.abs(coords) >= MAX_COORD
+    if big.any():
+        f, a, _ = np.argwhere(big)[0]
+        raise InputError(
+            f"{name}: frame {f}, atom {a}: coordinate {float(coords[f, a][big[f, a]][0]):g} A out of range "
+            f"(|x| must be below {MAX_COORD:g} A; a corrupt file?)"
+        )
