@@ -34,7 +34,7 @@ logger = logging.getLogger("protgpu.io")
 #: Default cap on the bytes protgpu reads into memory from one input (after decompression).
 DEFAULT_MAX_INPUT_BYTES = 1 << 30
 _MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"))
-_OPENERS = {"gzip": gzip.GzipFile, "bzip2": bz2.BZ2File, "xz": lzma.LZMAFile}
+_OPENERS = {"gzip": lambda f: gzip.GzipFile(fileobj=f), "bzip2": bz2.BZ2File, "xz": lzma.LZMAFile}
 _CHUNK = 1 << 22
 
 
