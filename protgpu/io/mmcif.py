@@ -12,6 +12,7 @@ from ..errors import InputError
 from ..structure import AtomTable, Structure
 from ._common import altloc_keep, cell_box, check_model_atoms, check_models, one_line, split_models
 from ._files import check_file, compression_of, read_bytes
+from .formats import split_ext
 
 
 def read_mmcif(path, name: str, *, altloc: str, model) -> Structure:
@@ -23,7 +24,8 @@ def read_mmcif(path, name: str, *, altloc: str, model) -> Structure:
     import gemmi
 
     with open_checked(path) as head:
-        compressed = compression_of(head) is not None
+        # (gemmi decides by the name: a .gz holding plain text would fail there)
+        compressed = compression_of(head) is not None or split_ext(path)[1]
     try:
         if compressed:
             doc = gemmi.cif.read_string(read_bytes(path).decode("utf-8", "replace"))

@@ -47,7 +47,8 @@ def test_negative_cell_refused(tmp_path):
 def test_cryst1_per_model(tmp_path):
     text = ""
     for k, a in ((1, 10.0), (2, 20.0)):
-        text += f"MODEL     {k:4d}\nCRYST1{a:9.3f}{a:9.3f}{a:9.3f}  90.00  90.00  90.00\n" + ATOM.format("   1.000") + "ENDMDL\n"
+        cryst = f"CRYST1{a:9.3f}{a:9.3f}{a:9.3f}  90.00  90.00  90.00\n"
+        text += f"MODEL     {k:4d}\n" + cryst + ATOM.format("   1.000") + "ENDMDL\n"
     s = pg.load(_write(tmp_path / "m.pdb", text))
     assert s.box[:, 0, 0].tolist() == [10.0, 20.0]
     assert pg.load(tmp_path / "m.pdb", model=2).box[0, 0, 0] == 20.0
