@@ -45,10 +45,14 @@ def load(source, *, top=None, frames=None, altloc: str = "first", model: int | N
     Parameters
     ----------
     source : str, os.PathLike, Structure, mdtraj.Trajectory, Bio.PDB entity, array or sequence
-        * path to a PDB/mmCIF file (``.pdb .ent .cif .mmcif``, optionally ``.gz``): every model
-          becomes a frame; all models must have the same atoms in the same order;
-        * path to a trajectory mdtraj reads (``.xtc .dcd .trr .nc .netcdf .h5`` ...): coordinates
-          and box vectors converted from nm to Angstrom, time in ps;
+        * path to a PDB/mmCIF file (``.pdb .ent .cif .mmcif``): every model becomes a frame; all
+          models must have the same atoms in the same order;
+        * path to a trajectory mdtraj reads (``.xtc .dcd .trr .nc .netcdf .h5 .gro .mdcrd .trj``
+          ...): coordinates and box vectors converted from nm to Angstrom, time in ps;
+        * any of these compressed with gzip, bzip2 or xz (``.gz .bz2 .xz``; recognised by content,
+          so a ``.gz`` holding plain text is read as it is; mdtraj formats are decompressed to a
+          temporary file, removed afterwards). Only regular files are read (a pipe or device
+          is refused), at most ``$PROTGPU_MAX_INPUT_BYTES`` (default 1 GiB) after decompression;
         * a ``Structure``: returned as is (or its ``frames`` subset);
         * an ``mdtraj.Trajectory`` (nm, converted) or a Biopython ``Structure``/``Model``/``Chain``
           (Angstrom; each Bio model a frame; disordered atoms as Biopython selects them);
@@ -57,9 +61,10 @@ def load(source, *, top=None, frames=None, altloc: str = "first", model: int | N
         * a list/tuple of any of these: loaded one by one and stacked as frames; their atom
           tables must be equal.
     top : str, os.PathLike, Structure or mdtraj.Topology, optional
-        Topology for trajectory files that carry none (xtc, dcd, trr, nc, ...): a PDB/mmCIF path or a
-        Structure gives the atom table (its atoms must match the trajectory's count); a
-        ``.prmtop``/``.psf``/``.gro``/``.h5`` path is read by mdtraj. Ignored for PDB/mmCIF sources.
+        Topology for trajectory files that carry none (xtc, dcd, trr, nc, ...): a PDB/mmCIF/PSF path
+        or a Structure gives the atom table (its atoms must match the trajectory's count; atom
+        names as the file writes them); a ``.prmtop``/``.gro``/``.h5`` path is read by mdtraj.
+        Ignored for PDB/mmCIF sources.
     frames : int, slice or array_like, optional
         Keep only these frames (models for PDB/mmCIF), as :meth:`Structure.frames`.
     altloc : {"first", "occupancy"}
@@ -69,22 +74,35 @@ def load(source, *, top=None, frames=None, altloc: str = "first", model: int | N
         altloc are always kept.
     model : int, optional
         Keep only the model with this number (the MODEL serial in PDB, ``pdbx_PDB_model_num`` in
-        mmCIF; a file without MODEL records has model 1).
+        mmCIF; a file without MODEL records has model 1). Must be an int.
 
     Returns
     -------
     Structure
-        ``coords`` (frames, atoms, 3) float32 Angstrom. Hydrogens, waters and ligands are kept. For
-        PDB/mmCIF ``box`` is None (a crystal unit cell is not a periodic simulation box) and the
-        chain id is kept as written (blank -> ``""``; the segid is stored separately).
+        ``coords`` (frames, atoms, 3) float32 Angstrom. Hydrogens, waters and ligands are kept;
+        virtual sites (TIP4P ``MW``, lone pairs) have element ``""`` and are not heavy atoms.
+        The chain id is kept as written (blank -> ``""``; the segid is stored separately).
+
+        Boxes: a trajectory's box is a simulation box (``box_source == "simulation"``). A PDB
+        ``CRYST1`` or mmCIF ``_cell`` is read into ``box`` as mdtraj and MDAnalysis read it (each
+        model's own when every model has a CRYST1; none for the ``1 1 1`` placeholder or an
+        all-zero cell) with ``box_source == "crystal"``: a crystal lattice, not periodic
+        boundaries of the model. Which functions apply a box by default: ``contacts`` and
+        ``native_contacts`` (``periodic=None``) apply a simulation box and not a crystal cell;
+        ``periodic=True`` applies either, ``periodic=False`` none. ``distances`` applies only the
+        ``box=`` it is given; ``protgpu distances --periodic`` passes the input's box whatever its
+        source (see :meth:`Structure.periodic_box`).
 
     Raises
     ------
     InputError
-        Missing file, directory, empty file, unreadable content or no atoms, truncated PDB record
+        Missing file, directory, pipe or device, empty file, a file or decompressed stream over the
+        size cap, corrupt compressed data, unreadable content or no atoms, truncated PDB record
         (with its line number), models with different atoms (with the model number and both atom
-        counts), NaN/inf coordinates, unknown extension (the supported ones are listed), trajectory
-        without ``top``.
+        counts), coordinates that are not plain decimal numbers or reach 1e5 Angstrom in
+        magnitude (a corrupt field or overflow), NaN/inf coordinates, a cell or box with a
+        non-positive edge or volume, unknown extension (the supported ones are listed), trajectory
+        without ``top``, a frame out of range (with the frame count), a truncated trajectory.
 
     Examples
     --------

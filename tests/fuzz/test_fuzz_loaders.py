@@ -49,7 +49,7 @@ COUNT_ONLY = os.environ.get("PROTGPU_FUZZ_COUNT_ONLY", "") not in ("", "0")
 TALLY: Counter = Counter()
 EXAMPLES: dict = {}
 FUZZ = settings(
-    max_examples=40, deadline=None, derandomize=True, database=None,
+    max_examples=100, deadline=None, derandomize=True, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
 
