@@ -192,3 +192,22 @@ def test_dcd_plugin_prints_nothing_on_stdout(datasets):
                        cwd=datasets.parent, env={**os.environ, "PYTHONPATH": str(datasets.parent)})
     assert r.stdout == "ok\n", r.stdout
     assert r.stderr == ""
+
+
+def test_contacts_apply_a_crystal_cell_only_when_asked(datasets):
+    s = pg.load(datasets / "adk_open.pdb").select("resid 1-40")
+    assert s.box_source == "crystal"
+    default = pg.contacts(s, device="cpu")
+    plain = pg.contacts(pg.Structure(s.coords, s.atoms, source="nobox"), device="cpu")
+    np.testing.assert_array_equal(np.asarray(default.distances), np.asarray(plain.distances))
+    # periodic=True applies it (same numbers here: the cell is far larger than 40 residues)
+    asked = pg.contacts(s, periodic=True, device="cpu")
+    assert np.asarray(asked.distances).shape == np.asarray(default.distances).shape
+
+
+def test_reader_warnings_stay_off_stderr(tmp_path, datasets):
+    bad = _write(tmp_path / "g.nc", b"CDF\x01garbage")
+    code = f"import protgpu as pg\ntry:\n    pg.load({str(bad)!r}, top='datasets/adk_open.pdb')\nexcept Exception as e:\n    print(e)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=datasets.parent, env={**os.environ, "PYTHONPATH": str(datasets.parent)})
+    assert r.stderr == "" and r.stdout.count("\n") == 1 and "g.nc: cannot read trajectory" in r.stdout
