@@ -207,7 +207,8 @@ def test_contacts_apply_a_crystal_cell_only_when_asked(datasets):
 
 def test_reader_warnings_stay_off_stderr(tmp_path, datasets):
     bad = _write(tmp_path / "g.nc", b"CDF\x01garbage")
-    code = f"import protgpu as pg\ntry:\n    pg.load({str(bad)!r}, top='datasets/adk_open.pdb')\nexcept Exception as e:\n    print(e)"
+    code = (f"import protgpu as pg\ntry:\n    pg.load({str(bad)!r}, top='datasets/adk_open.pdb')\n"
+            "except Exception as e:\n    print(e)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=datasets.parent, env={**os.environ, "PYTHONPATH": str(datasets.parent)})
     assert r.stderr == "" and r.stdout.count("\n") == 1 and "g.nc: cannot read trajectory" in r.stdout
