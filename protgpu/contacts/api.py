@@ -54,7 +54,7 @@ def check_parameters(*, scheme: str = "closest-heavy", cutoff: float = 4.5, min_
 
 def contacts(structure, *, scheme: str = "closest-heavy", cutoff: float = 4.5, min_separation: int = 3,
              residues=None, frequency: bool = False, output: str = "dense", inter_chain: bool = True,
-             periodic: bool = True, coords=None, top=None, device: str = "auto") -> ContactMap:
+             periodic: bool | None = None, coords=None, top=None, device: str = "auto") -> ContactMap:
     """Residue contact maps: residue-pair distances, contacts and contact frequencies.
 
     Parameters
@@ -79,8 +79,10 @@ def contacts(structure, *, scheme: str = "closest-heavy", cutoff: float = 4.5, m
         (:class:`~protgpu.contacts.maps.ContactPairs`) instead of dense maps, for large systems.
     inter_chain : bool
         Include pairs of residues from different chains (mdtraj's ``contacts="all"`` does not).
-    periodic : bool
-        Minimum-image distances when the structure has a box.
+    periodic : bool or None
+        Minimum-image distances with the structure's box. ``None`` (default): a simulation box
+        (a trajectory's), not a crystal cell read from a PDB/mmCIF file; ``True``: any box;
+        ``False``: none (:meth:`Structure.periodic_box`).
     coords : array, optional
         Coordinates to use instead of ``structure.coords``: (frames, atoms, 3) for the structure's
         atoms, NumPy, CuPy or torch (e.g. frames already on the GPU). The output follows its type.
@@ -120,7 +122,7 @@ def contacts(structure, *, scheme: str = "closest-heavy", cutoff: float = 4.5, m
     allowed = allowed_pairs(chain, seq, int(min_separation), inter_chain)
     be = dispatch(coords, device=device)
     x = work_coords(s, coords, be, what)
-    box = s.box if periodic else None
+    box = s.periodic_box(periodic)
     keep = "frequency" if frequency else ("pairs" if output == "pairs" else "dense")
     n_frames, r = x.shape[0], len(res_sel)
     if keep == "dense" and be.kind in ("numpy", "torch-cpu"):
@@ -154,7 +156,7 @@ def contacts(structure, *, scheme: str = "closest-heavy", cutoff: float = 4.5, m
 
 def native_contacts(trajectory, reference, *, selection="heavy", cutoff: float = 4.5, min_separation: int = 4,
                     beta: float = 5.0, lambda_constant: float = 1.8, inter_chain: bool = True,
-                    periodic: bool = True, coords=None, top=None, device: str = "auto") -> NativeContacts:
+                    periodic: bool | None = None, coords=None, top=None, device: str = "auto") -> NativeContacts:
     """Fraction of native contacts Q(t), hard and soft (Best, Hummer and Eaton 2013).
 
     Native pairs are the atom pairs of ``selection`` that are within ``cutoff`` in the reference
@@ -184,8 +186,9 @@ def native_contacts(trajectory, reference, *, selection="heavy", cutoff: float =
         Soft switching parameters (1/Angstrom, unitless).
     inter_chain : bool
         Count pairs of atoms from different chains.
-    periodic : bool
-        Minimum-image distances where the structures have boxes.
+    periodic : bool or None
+        Minimum-image distances with the structures' boxes: ``None`` (default) applies simulation
+        boxes but not crystal cells, ``True`` any box, ``False`` none (:meth:`Structure.periodic_box`).
     coords : array, optional
         Trajectory coordinates to use instead of ``trajectory.coords`` (NumPy, CuPy or torch).
     top : optional
@@ -236,7 +239,8 @@ def native_contacts(trajectory, reference, *, selection="heavy", cutoff: float =
                          f"{ref.atoms.name[ridx][k]} in {rname}")
     # Native pairs from the reference, in float64 on the host, in row blocks (done once).
     x0 = np.asarray(ref.coords[0, ridx], dtype=np.float64)
-    rbox = ref.box[0] if (periodic and ref.box is not None) else None
+    rbox = ref.periodic_box(periodic)
+    rbox = None if rbox is None else rbox[0]
     ri = np.asarray(traj.atoms.residue_index, dtype=np.int64)[idx]
     tab = traj.residues
     key = np.char.add(np.char.add(np.asarray(tab.chain, dtype=str), "\x1f"), np.asarray(tab.segid, dtype=str))
@@ -261,7 +265,7 @@ def native_contacts(trajectory, reference, *, selection="heavy", cutoff: float =
     be = dispatch(coords, device=device)
     x = work_coords(traj, coords, be, tname)
     xp = get_namespace(x)
-    box = traj.box if periodic else None
+    box = traj.periodic_box(periodic)
     # r and r0 in float64 through the same code on the same device (as MDAnalysis computes both with
     # distance_array): a frame equal to the reference then has r == r0 exactly, and q_hard = 1.
     used = np.unique(pairs)

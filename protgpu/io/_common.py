@@ -77,6 +77,32 @@ def check_model_atoms(keys: np.ndarray, n_models: int, model_numbers: list[int],
         )
 
 
+def cell_box(cell, name: str) -> np.ndarray | None:
+    """Box vectors (rows a, b, c; float32 Angstrom, a along x, b in the xy plane) of a unit cell
+    ``(a, b, c, alpha, beta, gamma)`` (Angstrom, degrees), as mdtraj and MDAnalysis compute them.
+
+    None for no cell: all lengths zero, or the ``1 1 1`` placeholder PDB and gemmi write for
+    structures without one (NMR models, predictions). A negative or NaN length, or angles that
+    span no volume, raise InputError.
+    """
+    a, b, c, alpha, beta, gamma = (float(v) for v in cell)
+    lengths = np.array([a, b, c])
+    if (lengths == 0).all() or (lengths == 1).all():
+        return None
+    if not (np.isfinite(cell).all() and (lengths > 0).all()):
+        raise InputError(f"{name}: bad unit cell (lengths {a:g} {b:g} {c:g} A must be positive)")
+    al, be, ga = np.radians([alpha or 90.0, beta or 90.0, gamma or 90.0])
+    bx, by = b * np.cos(ga), b * np.sin(ga)
+    cx = c * np.cos(be)
+    cy = c * (np.cos(al) - np.cos(be) * np.cos(ga)) / np.sin(ga) if np.sin(ga) else np.nan
+    cz2 = c * c - cx * cx - cy * cy
+    if not (np.isfinite(cz2) and cz2 > 0 and by > 0):
+        raise InputError(f"{name}: bad unit cell (angles {alpha:g} {beta:g} {gamma:g} degrees span no volume)")
+    box = np.array([[a, 0.0, 0.0], [bx, by, 0.0], [cx, cy, np.sqrt(cz2)]])
+    box[np.abs(box) < 1e-6] = 0.0  # (cos 90 degrees is 6e-17)
+    return box.astype(np.float32)
+
+
 def one_line(exc: BaseException) -> str:
     """The first line of an exception's text (its type name when empty), for one-line error messages."""
     text = str(exc).strip()

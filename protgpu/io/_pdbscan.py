@@ -16,7 +16,7 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import InputError
-from ..structure import AMINO_ACIDS, NONSTANDARD_RESNAMES, WATER_RESNAMES, guess_elements
+from ..structure import AMINO_ACIDS, NONSTANDARD_RESNAMES, WATER_RESNAMES, guess_elements, is_virtual_site
 
 _REC_ATOM = int(np.frombuffer(b"ATOM", dtype="<u4")[0])
 _REC_HETA = int(np.frombuffer(b"HETA", dtype="<u4")[0])
@@ -482,7 +482,10 @@ def element_table() -> tuple[np.ndarray, np.ndarray]:
         b[blank[:, 0] & (b[:, 1] == 0), 0] = 0
         letter = (b >= 65) & (b <= 90)
         valid = letter[:, 0] & (letter[:, 1] | (b[:, 1] == 0))
-        _ELEMENTS = (np.ascontiguousarray(b).view("<U2").ravel(), valid)
+        symbols = np.ascontiguousarray(b).view("<U2").ravel()
+        # virtual sites written in the element column ("M" of TIP4P, "EP", "LP", "VS"): no element
+        symbols[np.isin(symbols, ["M", "EP", "LP", "VS"])] = ""
+        _ELEMENTS = (symbols, valid)
     return _ELEMENTS
 
 
@@ -599,9 +602,27 @@ def parse_coord_fields(fields: np.ndarray, out: np.ndarray, first: int, line_no,
     raw = np.empty(24 * m, dtype=np.uint8)
     np.copyto(raw.view("V24"), fields)
     text = raw.view("S8")
+    # plain decimal numbers only: NumPy would also read "1_000", "1e30", "inf" and "nan"
+    odd = ~_PLAIN_DECIMAL[raw].reshape(k, 8).all(axis=1)
+    if odd.any():
+        i = int(np.argmax(odd))
+        raise InputError(
+            f"{name}: line {line_no(first + i // 3)}: bad coordinate {text[i].decode('latin-1').strip()!r} in "
+            "columns 31-54 (coordinates must be plain decimal numbers)"
+        )
     try:
-        out.reshape(k)[:] = text.astype(np.float64)
-    except ValueError:
+        values = text.astype(np.float64)
+        big = np.abs(values) >= _MAX_COORD
+        if big.any():
+            i = int(np.argmax(big))
+            raise InputError(
+                f"{name}: line {line_no(first + i // 3)}: coordinate {text[i].decode('latin-1').strip()!r} out "
+                f"of range (|x| must be below {_MAX_COORD:g} A)"
+            )
+        out.reshape(k)[:] = values
+    except ValueError as exc:
+        if isinstance(exc, InputError):
+            raise
         for i, v in enumerate(text.tolist()):
             try:
                 float(v)
@@ -612,6 +633,11 @@ def parse_coord_fields(fields: np.ndarray, out: np.ndarray, first: int, line_no,
                 ) from None
         raise  # pragma: no cover - one field must have failed
     return False
+
+
+_PLAIN_DECIMAL = np.zeros(256, dtype=bool)
+_PLAIN_DECIMAL[list(b"0123456789.-+ ")] = True
+_MAX_COORD = 1e5  # Angstrom (as protgpu.io.load.MAX_COORD)
 
 
 def _hybrid36(text: str) -> int | None:
@@ -732,6 +758,10 @@ def _guess_pdb_elements(
     polymer = np.array(polymer_t)[res_of_atom]
     out = guess[name_index]
     out[se_name[name_index] & np.array(selen_t)[res_of_atom]] = "SE"
+    water = np.array([t in WATER_RESNAMES for t in text.tolist()])[res_of_atom]
+    if water.any():  # a water model's virtual sites (TIP4P MW, ...) have no element
+        site = np.array([is_virtual_site(t, "HOH") for t in text.tolist()])  # (per distinct name)
+        out[water & site[name_index]] = ""
     other = ~polymer
     if other.any():
         padded = widen(uniq[name_index[other]], 4)

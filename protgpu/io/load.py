@@ -1,14 +1,13 @@
 """The load dispatch: :func:`load` turns a path, a Structure, an mdtraj or Biopython object, an array
 or a list of them into a :class:`~protgpu.structure.core.Structure`; path handling and file reading.
 
-Internal API (tests): :func:`read_bytes`, :func:`path_name`, :func:`check_file`, :func:`module_of`.
+Internal API (tests): :func:`read_bytes`, :func:`path_name`, :func:`check_file` (from
+:mod:`protgpu.io._files`), :func:`module_of`.
 """
 
 from __future__ import annotations
 
-import gzip
 import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..structure import Structure
+from ._files import check_file, read_bytes
 from .biopython import from_biopython
 from .formats import (
     MDTRAJ_SELF_CONTAINED,
@@ -32,6 +32,10 @@ from .trajectory import from_mdtraj, load_trajectory
 
 __all__ = ["load"]
 
+#: Largest coordinate magnitude a file may hold, Angstrom: beyond it a value is a corrupt field or
+#: an overflow (float32 keeps about 0.01 A of precision there), not a position.
+MAX_COORD = 1e5
+
 _ALTLOC_MODES = ("first", "occupancy")
 
 
@@ -41,10 +45,14 @@ def load(source, *, top=None, frames=None, altloc: str = "first", model: int | N
     Parameters
     ----------
     source : str, os.PathLike, Structure, mdtraj.Trajectory, Bio.PDB entity, array or sequence
-        * path to a PDB/mmCIF file (``.pdb .ent .cif .mmcif``, optionally ``.gz``): every model
-          becomes a frame; all models must have the same atoms in the same order;
-        * path to a trajectory mdtraj reads (``.xtc .dcd .trr .nc .netcdf .h5`` ...): coordinates
-          and box vectors converted from nm to Angstrom, time in ps;
+        * path to a PDB/mmCIF file (``.pdb .ent .cif .mmcif``): every model becomes a frame; all
+          models must have the same atoms in the same order;
+        * path to a trajectory mdtraj reads (``.xtc .dcd .trr .nc .netcdf .h5 .gro .mdcrd .trj``
+          ...): coordinates and box vectors converted from nm to Angstrom, time in ps;
+        * any of these compressed with gzip, bzip2 or xz (``.gz .bz2 .xz``; recognised by content,
+          so a ``.gz`` holding plain text is read as it is; mdtraj formats are decompressed to a
+          temporary file, removed afterwards). Only regular files are read (a pipe or device
+          is refused), at most ``$PROTGPU_MAX_INPUT_BYTES`` (default 1 GiB) after decompression;
         * a ``Structure``: returned as is (or its ``frames`` subset);
         * an ``mdtraj.Trajectory`` (nm, converted) or a Biopython ``Structure``/``Model``/``Chain``
           (Angstrom; each Bio model a frame; disordered atoms as Biopython selects them);
@@ -53,9 +61,10 @@ def load(source, *, top=None, frames=None, altloc: str = "first", model: int | N
         * a list/tuple of any of these: loaded one by one and stacked as frames; their atom
           tables must be equal.
     top : str, os.PathLike, Structure or mdtraj.Topology, optional
-        Topology for trajectory files that carry none (xtc, dcd, trr, nc, ...): a PDB/mmCIF path or a
-        Structure gives the atom table (its atoms must match the trajectory's count); a
-        ``.prmtop``/``.psf``/``.gro``/``.h5`` path is read by mdtraj. Ignored for PDB/mmCIF sources.
+        Topology for trajectory files that carry none (xtc, dcd, trr, nc, ...): a PDB/mmCIF/PSF path
+        or a Structure gives the atom table (its atoms must match the trajectory's count; atom
+        names as the file writes them); a ``.prmtop``/``.gro``/``.h5`` path is read by mdtraj.
+        Ignored for PDB/mmCIF sources.
     frames : int, slice or array_like, optional
         Keep only these frames (models for PDB/mmCIF), as :meth:`Structure.frames`.
     altloc : {"first", "occupancy"}
@@ -65,22 +74,35 @@ def load(source, *, top=None, frames=None, altloc: str = "first", model: int | N
         altloc are always kept.
     model : int, optional
         Keep only the model with this number (the MODEL serial in PDB, ``pdbx_PDB_model_num`` in
-        mmCIF; a file without MODEL records has model 1).
+        mmCIF; a file without MODEL records has model 1). Must be an int.
 
     Returns
     -------
     Structure
-        ``coords`` (frames, atoms, 3) float32 Angstrom. Hydrogens, waters and ligands are kept. For
-        PDB/mmCIF ``box`` is None (a crystal unit cell is not a periodic simulation box) and the
-        chain id is kept as written (blank -> ``""``; the segid is stored separately).
+        ``coords`` (frames, atoms, 3) float32 Angstrom. Hydrogens, waters and ligands are kept;
+        virtual sites (TIP4P ``MW``, lone pairs) have element ``""`` and are not heavy atoms.
+        The chain id is kept as written (blank -> ``""``; the segid is stored separately).
+
+        Boxes: a trajectory's box is a simulation box (``box_source == "simulation"``). A PDB
+        ``CRYST1`` or mmCIF ``_cell`` is read into ``box`` as mdtraj and MDAnalysis read it (each
+        model's own when every model has a CRYST1; none for the ``1 1 1`` placeholder or an
+        all-zero cell) with ``box_source == "crystal"``: a crystal lattice, not periodic
+        boundaries of the model. Which functions apply a box by default: ``contacts`` and
+        ``native_contacts`` (``periodic=None``) apply a simulation box and not a crystal cell;
+        ``periodic=True`` applies either, ``periodic=False`` none. ``distances`` applies only the
+        ``box=`` it is given; ``protgpu distances --periodic`` passes the input's box whatever its
+        source (see :meth:`Structure.periodic_box`).
 
     Raises
     ------
     InputError
-        Missing file, directory, empty file, unreadable content or no atoms, truncated PDB record
+        Missing file, directory, pipe or device, empty file, a file or decompressed stream over the
+        size cap, corrupt compressed data, unreadable content or no atoms, truncated PDB record
         (with its line number), models with different atoms (with the model number and both atom
-        counts), NaN/inf coordinates, unknown extension (the supported ones are listed), trajectory
-        without ``top``.
+        counts), coordinates that are not plain decimal numbers or reach 1e5 Angstrom in
+        magnitude (a corrupt field or overflow), NaN/inf coordinates, a cell or box with a
+        non-positive edge or volume, unknown extension (the supported ones are listed), trajectory
+        without ``top``, a frame out of range (with the frame count), a truncated trajectory.
 
     Examples
     --------
@@ -99,6 +121,8 @@ def load(source, *, top=None, frames=None, altloc: str = "first", model: int | N
     """
     if altloc not in _ALTLOC_MODES:
         raise InputError(f"altloc must be one of {_ALTLOC_MODES}, got {altloc!r}")
+    if model is not None and (not isinstance(model, (int, np.integer)) or isinstance(model, bool)):
+        raise InputError(f"model must be an int (the model number), got {type(model).__name__} {model!r}")
     if isinstance(source, Structure):
         s = source
     elif isinstance(source, (str, os.PathLike)):
@@ -106,6 +130,8 @@ def load(source, *, top=None, frames=None, altloc: str = "first", model: int | N
         if frames_done:
             frames = None
     elif isinstance(source, np.ndarray):
+        if source.ndim in (2, 3) and source.shape[-2] == 0:
+            raise InputError(f"array: coordinates have no atoms (shape {source.shape})")
         s = Structure.from_coords(source, source="array")
     elif isinstance(source, (list, tuple)):
         s = _load_many(source, top=top, altloc=altloc, model=model)
@@ -142,6 +168,7 @@ def _load_many(items: Sequence, *, top, altloc: str, model) -> Structure:
                 "different names/residues); files stacked as frames must have identical atoms"
             )
     boxes = [s.box for s in structures]
+    sources = {s.box_source for s in structures}
     times = [s.time for s in structures]
     return Structure(
         np.concatenate([s.coords for s in structures]),
@@ -149,6 +176,7 @@ def _load_many(items: Sequence, *, top, altloc: str, model) -> Structure:
         source=f"{first.source} (+{len(structures) - 1} more)" if len(structures) > 1 else first.source,
         box=np.concatenate(boxes) if all(b is not None for b in boxes) else None,
         time=np.concatenate(times) if all(t is not None for t in times) else None,
+        box_source="crystal" if sources == {"crystal"} else None,
     )
 
 
@@ -169,73 +197,29 @@ def path_name(source) -> str:
     return str(Path(source))
 
 
-def check_file(path: Path) -> None:
-    """Raise InputError unless ``path`` is an existing, non-empty file (one ``os.stat``)."""
-    name = str(path)
-    try:
-        st = os.stat(path)  # one system call answers exists / directory / empty
-    except FileNotFoundError:
-        raise InputError(f"{name}: no such file") from None
-    except OSError as exc:
-        raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InputError(f"{name}: is a directory, not a structure file")
-    if st.st_size == 0:
-        raise InputError(f"{name}: file is empty")
-
-
-def read_bytes(path: str | Path, gz: bool) -> bytes:
-    """The file's bytes (gunzipped when ``gz``); a missing, unreadable or empty file, or a directory,
-    raises the same InputError as :func:`check_file` (no separate stat call on the way)."""
-    name = str(path)
-    try:
-        # os.read of the size fstat reports: the whole file in one read straight into the bytes
-        # object, four system calls in all (a file object also seeks and reads once more to meet
-        # the end: a few microseconds, a noticeable part of loading a small file)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-    except FileNotFoundError:
-        raise InputError(f"{name}: no such file") from None
-    except OSError as exc:
-        check_file(path)  # a directory (PermissionError on Windows) ...
-        raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
-    try:
-        size = os.fstat(fd).st_size
-        data = os.read(fd, size + 1)
-        if len(data) != size:
-            # a short read (a huge file, some file systems), a file that grew, or one whose size is
-            # not known (a pipe reports 0): read on to the end
-            chunks = [data]
-            while chunks[-1]:
-                chunks.append(os.read(fd, 1 << 20))
-            data = b"".join(chunks)
-    except OSError as exc:
-        check_file(path)  # a directory (it opens, and reading it fails with EISDIR) ...
-        raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
-    finally:
-        os.close(fd)
-    if not data:
-        raise InputError(f"{name}: file is empty")
-    if gz:
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, ValueError) as exc:
-            raise InputError(f"{name}: not a valid gzip file ({exc})") from None
-        if not data:
-            raise InputError(f"{name}: file is empty (after gunzip)")
-    return data
-
-
 def _load_path(name: str, *, top, altloc: str, model, frames):
     """Load the file ``name`` (``str(Path(source))``); returns (structure, whether ``frames`` was applied)."""
-    ext, gz = split_ext(name)
+    ext, _ = split_ext(name)
     if ext in PDB_EXTENSIONS:
-        data = read_bytes(name, gz)  # checks the file as check_file does
+        data = read_bytes(name)  # checks the file as check_file does; decompresses by content
         return parse_pdb(data, name, altloc=altloc, model=model, path=name), False
-    path = Path(name)
-    check_file(path)
     if ext in MMCIF_EXTENSIONS:
-        return read_mmcif(path, name, altloc=altloc, model=model), False
-    if not gz and (ext in TRAJECTORY_EXTENSIONS or ext in MDTRAJ_SELF_CONTAINED or ext in mdtraj_suffixes()):
+        return read_mmcif(name, name, altloc=altloc, model=model), False
+    if ext in TRAJECTORY_EXTENSIONS or ext in MDTRAJ_SELF_CONTAINED or ext in mdtraj_suffixes():
+        check_file(name)
         # trajectory loading applies ``frames`` itself (reading one frame is cheaper than all)
-        return load_trajectory(path, ext, top=top, frames=frames), True
+        s = load_trajectory(Path(name), ext, top=top, frames=frames)
+        check_range(s.coords, name)
+        return s, True
     raise InputError(f"{name}: unknown file extension {ext or '(none)'!r}; supported: {supported_text()}")
+
+
+def check_range(coords: np.ndarray, name: str) -> None:
+    """Raise InputError when a coordinate's magnitude reaches :data:`MAX_COORD` (1e5 Angstrom)."""
+    big = np.abs(coords) >= MAX_COORD
+    if big.any():
+        f, a, _ = np.argwhere(big)[0]
+        raise InputError(
+            f"{name}: frame {f}, atom {a}: coordinate {float(coords[f, a][big[f, a]][0]):g} A out of range "
+            f"(|x| must be below {MAX_COORD:g} A; a corrupt file?)"
+        )

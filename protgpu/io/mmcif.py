@@ -6,26 +6,55 @@ Internal API: :func:`read_mmcif` (a path) and :func:`from_gemmi` (a ``gemmi.Stru
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from ..errors import InputError
 from ..structure import AtomTable, Structure
-from ._common import altloc_keep, check_model_atoms, check_models, one_line, split_models
+from ._common import altloc_keep, cell_box, check_model_atoms, check_models, one_line, split_models
+from ._files import check_file, compression_of, read_bytes
+from .formats import split_ext
 
 
-def read_mmcif(path: Path, name: str, *, altloc: str, model) -> Structure:
-    """Read the mmCIF file ``path`` through gemmi (see :func:`protgpu.io.load` for ``altloc`` and ``model``)."""
+def read_mmcif(path, name: str, *, altloc: str, model) -> Structure:
+    """Read the mmCIF file ``path`` through gemmi (see :func:`protgpu.io.load` for ``altloc`` and ``model``).
+
+    A compressed file (gzip, bzip2, xz: recognised by content) is decompressed by protgpu, under the
+    input size cap, and parsed from memory. The ``_cell`` becomes a crystal box (see
+    :func:`protgpu.io._common.cell_box`)."""
     import gemmi
 
+    with open_checked(path) as head:
+        # (gemmi decides by the name: a .gz holding plain text would fail there)
+        compressed = compression_of(head) is not None or split_ext(path)[1]
     try:
-        # merge_chain_parts=False keeps atoms in file order (gemmi otherwise moves a chain's
-        # waters/ligands next to its polymer).
-        st = gemmi.read_structure(str(path), merge_chain_parts=False, format=gemmi.CoorFormat.Mmcif)
+        if compressed:
+            doc = gemmi.cif.read_string(read_bytes(path).decode("utf-8", "replace"))
+            st = gemmi.make_structure_from_block(doc.sole_block())
+        else:
+            # merge_chain_parts=False keeps atoms in file order (gemmi otherwise moves a chain's
+            # waters/ligands next to its polymer).
+            st = gemmi.read_structure(str(path), merge_chain_parts=False, format=gemmi.CoorFormat.Mmcif)
+    except InputError:
+        raise
     except Exception as exc:  # gemmi raises RuntimeError, ValueError, ...: all become one line
         raise InputError(f"{name}: cannot read mmCIF: {one_line(exc)}") from None
-    return from_gemmi(st, name, altloc=altloc, model=model)
+    s = from_gemmi(st, name, altloc=altloc, model=model)
+    c = st.cell
+    box = cell_box((c.a, c.b, c.c, c.alpha, c.beta, c.gamma), name)
+    if box is not None:
+        s = Structure(s.coords, s.atoms, source=name, box=box, box_source="crystal")
+    return s
+
+
+def open_checked(path):
+    """The first 6 bytes of the regular, non-empty file ``path`` (the compression magic), in a
+    context manager."""
+    import contextlib
+
+    check_file(path)
+    with open(path, "rb") as fh:
+        head = fh.read(6)
+    return contextlib.nullcontext(head)
 
 
 def from_gemmi(st, name: str, *, altloc: str, model) -> Structure:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..structure import AtomTable, Structure
-from ._common import altloc_keep, check_model_atoms, check_models, split_models
+from ._common import altloc_keep, cell_box, check_model_atoms, check_models, split_models
 from ._pdbscan import (
     _BLANK_BYTES,
     _MAX_BLOCKS,
@@ -58,6 +58,8 @@ def parse_pdb(data: bytes, name: str, *, altloc: str, model, path: str | Path | 
         if path is None:  # pragma: no cover - load always passes the path
             raise InputError(f"{name}: content is mmCIF; save it as .cif")
         return read_mmcif(path, name, altloc=altloc, model=model)
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark (it would hide the first record)
+        data = data[3:]
     if b"\r" in data:
         data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     if not data.endswith(b"\n"):
@@ -72,6 +74,7 @@ def parse_pdb(data: bytes, name: str, *, altloc: str, model, path: str | Path | 
         rows, atom_lines, hetero, model_id, model_numbers = _atom_lines(data, name)
         line_no = (lambda lines: lambda i: int(lines[i]) + 1)(atom_lines)
 
+    all_models = model_numbers
     keep = None
     alt = rows.get(16, 1)
     if not _is_blank(alt):
@@ -117,9 +120,41 @@ def parse_pdb(data: bytes, name: str, *, altloc: str, model, path: str | Path | 
     coords, finite = _parse_coords(rows, line_no, name)
     coords = coords.reshape(n_models, n, 3)
     atoms = _atom_table_from_pdb(rows, n, hetero[:n], line_no, name)
+    box = cryst1_boxes(data, all_models, model_numbers, name) if b"CRYST1" in data else None
     if finite:  # C-contiguous float32 of the table's atoms, all finite: nothing for __init__ to check
-        return Structure._from_parts(coords, atoms, name)
-    return Structure(coords, atoms, source=name)
+        s = Structure._from_parts(coords, atoms, name)
+        if box is not None:
+            s.box, s.box_source = np.ascontiguousarray(np.broadcast_to(box, (n_models, 3, 3))), "crystal"
+        return s
+    return Structure(coords, atoms, source=name, box=box, box_source="crystal")
+
+
+_CRYST1 = re.compile(rb"^CRYST1([^\n]*)", re.MULTILINE)
+
+
+def cryst1_boxes(data: bytes, all_models: list[int], kept: list[int], name: str) -> np.ndarray | None:
+    """Box vectors (Angstrom) of the CRYST1 records: shape (3, 3) for one cell, (kept models, 3, 3)
+    when every model has its own; None for no record, the ``1 1 1`` placeholder or an all-zero cell.
+    With neither one record nor one per model, the first record holds for every model."""
+    cells = []
+    for m in _CRYST1.finditer(data):
+        rec = m.group(1).decode("latin-1").ljust(48)
+        fields = [rec[0:9], rec[9:18], rec[18:27], rec[27:34], rec[34:41], rec[41:48]]
+        try:
+            cells.append([float(f) if f.strip() else 0.0 for f in fields])
+        except ValueError:
+            line = data.count(b"\n", 0, m.start()) + 1
+            raise InputError(f"{name}: line {line}: bad CRYST1 record {m.group(0).decode('latin-1')!r}") from None
+    if not cells:
+        return None
+    if len(cells) == len(all_models) > 1:
+        cells = [cells[all_models.index(k)] for k in kept]
+    else:
+        cells = cells[:1]
+    boxes = [cell_box(c, name) for c in cells]
+    if any(b is None for b in boxes):
+        return None
+    return np.stack(boxes) if len(boxes) > 1 else boxes[0]
 
 
 def atom_block(data: bytes) -> tuple[_Rows, Callable[[int], int], np.ndarray] | None:

@@ -6,7 +6,9 @@ Internal API: :func:`load_trajectory` (a path) and :func:`from_mdtraj` (a Trajec
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,12 @@ import numpy as np
 from ..errors import InputError
 from ..structure import AMINO_ACIDS, WATER_RESNAMES, AtomTable, Structure, guess_elements, standardize_resnames
 from ._common import one_line
-from .formats import MMCIF_EXTENSIONS, PDB_EXTENSIONS, TRAJECTORY_EXTENSIONS, split_ext
+from ._files import decompressed_copy, quiet_reader
+from .formats import MDTRAJ_ALIASES, MMCIF_EXTENSIONS, PDB_EXTENSIONS, TRAJECTORY_EXTENSIONS, split_ext
+from .psf import read_psf
+
+# Formats whose reader (HDF5) prints to the C-level stderr as well as stdout.
+_NOISY_STDERR = (".h5", ".hdf5", ".lh5")
 
 
 def _chain_letters(k: int) -> str:
@@ -79,6 +86,8 @@ def from_mdtraj(traj, source: str, atoms: AtomTable | None = None) -> Structure:
     xyz = np.asarray(traj.xyz, dtype=np.float32) * np.float32(10.0)
     box = traj.unitcell_vectors
     box = None if box is None else np.asarray(box, dtype=np.float32) * np.float32(10.0)
+    if box is not None and not box.any():  # an all-zero cell (a GRO or XTC without a box) is no box
+        box = None
     time = None if traj.time is None else np.asarray(traj.time, dtype=np.float64)
     if atoms is None:
         atoms = _table_from_mdtraj_topology(traj.topology)
@@ -121,10 +130,15 @@ def load_trajectory(path: Path, ext: str, *, top, frames) -> Structure:
         t_ext, _ = split_ext(tpath)
         if t_ext in PDB_EXTENSIONS + MMCIF_EXTENSIONS:
             atoms = load(tpath).atoms
+        elif t_ext == ".psf":
+            atoms = read_psf(str(tpath))
         else:
             check_file(tpath)
             try:
-                md_top = mdtraj.load_topology(str(tpath))
+                with quiet_reader(str(tpath), _fds(t_ext)), _mdtraj_path(str(tpath), t_ext) as md_path:
+                    md_top = mdtraj.load_topology(md_path)
+            except InputError:
+                raise
             except Exception as exc:  # mdtraj raises many types; report them all the same way
                 raise InputError(f"{tpath}: cannot read topology: {one_line(exc)}") from None
     else:
@@ -132,23 +146,54 @@ def load_trajectory(path: Path, ext: str, *, top, frames) -> Structure:
     if atoms is not None:
         md_top = _placeholder_topology(len(atoms))
     kwargs = {} if md_top is None else {"top": md_top}
+    one = isinstance(frames, (int, np.integer)) and not isinstance(frames, bool) and frames >= 0
     try:
-        if isinstance(frames, (int, np.integer)) and not isinstance(frames, bool) and frames >= 0:
-            traj = mdtraj.load_frame(str(path), int(frames), **kwargs)
-            frames_left = None
-        else:
-            traj = mdtraj.load(str(path), **kwargs)
-            frames_left = frames
+        with quiet_reader(name, _fds(ext)), _mdtraj_path(name, ext) as md_path:
+            if one:
+                traj = mdtraj.load_frame(md_path, int(frames), **kwargs)
+                frames_left = None
+                if traj.n_frames == 0:  # mdtraj's answer to a frame past the end
+                    total = mdtraj.load(md_path, **kwargs).n_frames
+                    raise InputError(f"{name}: frame {frames} out of range (the trajectory has {total} frames)")
+            else:
+                traj = mdtraj.load(md_path, **kwargs)
+                frames_left = frames
+    except InputError:
+        raise
     except IndexError as exc:
         raise InputError(f"{name}: frame {frames} out of range ({one_line(exc)})") from None
     except Exception as exc:  # wrap whatever mdtraj/netCDF/HDF5 raise with the file name
         msg = one_line(exc)
+        if "could not open" in msg.lower() or isinstance(exc, (EOFError, OSError, ValueError)):
+            msg = f"truncated or corrupt {ext} file? ({msg})"
         if md_top is not None:
             msg += f" (topology has {md_top.n_atoms} atoms)"
         raise InputError(f"{name}: cannot read trajectory: {msg}") from None
     if traj.n_frames == 0:
         raise InputError(f"{name}: trajectory has no frames")
+    if traj.n_atoms == 0:
+        raise InputError(f"{name}: no atoms")
     if atoms is None:
         atoms = _table_from_mdtraj_topology(traj.topology)
     s = from_mdtraj(traj, name, atoms=atoms)
     return s.frames(frames_left) if frames_left is not None else s
+
+
+def _fds(ext: str) -> tuple[int, ...]:
+    """The C-level descriptors a reader of ``ext`` writes to (see :func:`quiet_reader`)."""
+    return (1, 2) if ext in _NOISY_STDERR else (1,)
+
+
+@contextlib.contextmanager
+def _mdtraj_path(name: str, ext: str):
+    """A path mdtraj reads as ``ext``: the file itself, a decompressed temporary copy, or (a suffix
+    mdtraj knows under another name, :data:`MDTRAJ_ALIASES`) a temporary link named as mdtraj wants."""
+    with decompressed_copy(name, MDTRAJ_ALIASES.get(ext, ext)) as path:
+        alias = MDTRAJ_ALIASES.get(ext)
+        if alias is None or path != name:
+            yield path
+            return
+        with tempfile.TemporaryDirectory(prefix="protgpu-") as folder:
+            link = os.path.join(folder, "input" + alias)
+            os.symlink(os.path.abspath(name), link)
+            yield link

@@ -7,17 +7,27 @@ Every loader in :mod:`protgpu.io` produces one. See ``docs/design/io.md``.
 
 from __future__ import annotations
 
-from .chemistry import AMINO_ACIDS, NONSTANDARD_RESNAMES, WATER_RESNAMES, guess_elements, standardize_resnames
+from .chemistry import (
+    AMINO_ACIDS,
+    NONSTANDARD_RESNAMES,
+    VIRTUAL_SITE_ELEMENTS,
+    WATER_RESNAMES,
+    guess_elements,
+    is_virtual_site,
+    standardize_resnames,
+)
 from .core import Structure
 from .tables import AtomTable, ResidueTable
 
 __all__ = [
     "AMINO_ACIDS",
     "NONSTANDARD_RESNAMES",
+    "VIRTUAL_SITE_ELEMENTS",
     "WATER_RESNAMES",
     "AtomTable",
     "ResidueTable",
     "Structure",
     "guess_elements",
+    "is_virtual_site",
     "standardize_resnames",
 ]

@@ -11,8 +11,10 @@ import numpy as np
 __all__ = [
     "AMINO_ACIDS",
     "NONSTANDARD_RESNAMES",
+    "VIRTUAL_SITE_ELEMENTS",
     "WATER_RESNAMES",
     "guess_elements",
+    "is_virtual_site",
     "standardize_resnames",
 ]
 
@@ -80,6 +82,29 @@ _TWO_LETTER_ELEMENTS = frozenset(
     "HE LI BE NE NA MG AL SI CL AR CA SC TI CR MN FE CO NI CU ZN GA GE AS SE BR KR RB SR ZR MO RU RH PD "
     "AG CD IN SN SB TE XE CS BA LA CE GD YB W PT AU HG TL PB BI".split()
 )
+#: Element symbols of virtual sites (TIP4P/TIP5P charge sites, lone pairs): not atoms of any element,
+#: so never heavy atoms. Loaders give them ""; the others are what files write in the element column.
+VIRTUAL_SITE_ELEMENTS = frozenset({"", "VS", "M", "EP", "LP"})
+# Virtual-site names of water models (GROMACS MW, CHARMM OM, Amber EPW/EP1/EP2, TIP5P LP1/LP2).
+_WATER_SITE_NAMES = frozenset("MW MW1 MW2 M OM EP EPW EP1 EP2 LP LP1 LP2".split())
+
+
+def is_virtual_site(name: str, resname: str) -> bool:
+    """Whether the atom ``name`` of residue ``resname`` is a virtual site (no element): a water
+    model's charge site or lone pair, or any atom named LP*/EP* outside polymers (CHARMM Drude lone
+    pairs, Amber extra points).
+
+    Examples
+    --------
+    >>> is_virtual_site("MW", "SOL"), is_virtual_site("LP1", "ETH"), is_virtual_site("CA", "ALA")
+    (True, True, False)
+    """
+    n, r = name.strip().upper(), resname.strip().upper()
+    if r in WATER_RESNAMES:
+        return n in _WATER_SITE_NAMES
+    return n.startswith(("LP", "EP")) and NONSTANDARD_RESNAMES.get(r, r) not in AMINO_ACIDS
+
+
 _ONE_LETTER_ELEMENTS = frozenset("H D C N O S P F K I B V U W Y".split())
 # Single-atom ion residues of CHARMM/AMBER whose atom name does not spell the element.
 _ION_RESNAMES = {
@@ -132,6 +157,8 @@ def _guess_one_element(padded_name: str, resname: str) -> str:
     name = padded_name.strip().upper()
     letters = name.lstrip("0123456789")
     res = resname.strip().upper()
+    if is_virtual_site(name, res):
+        return ""
     if res in _ION_RESNAMES:
         return _ION_RESNAMES[res]
     if not letters:

@@ -29,12 +29,18 @@ class Structure:
         every frame); (3,) or (frames, 3) give the edge lengths of a rectangular box.
     time : array_like, optional
         Time of each frame in ps, shape (frames,).
+    box_source : {None, "simulation", "crystal"}, optional
+        Where ``box`` comes from: ``"crystal"`` for a unit cell read from a PDB ``CRYST1`` record or
+        an mmCIF ``_cell``, which functions apply only when asked (``periodic=True``); anything
+        else (a trajectory's box, one passed here) is a simulation box, applied by default. See
+        :meth:`periodic_box`.
 
     Raises
     ------
     InputError
-        Wrong shapes, atom count differing from the table, or a non-finite coordinate (the message
-        names the source, the first bad frame and atom).
+        Wrong shapes, atom count differing from the table, a non-finite coordinate (the message
+        names the source, the first bad frame and atom), or a box with a non-positive edge length
+        or volume.
 
     Examples
     --------
@@ -46,9 +52,10 @@ class Structure:
     ((1, 5, 3), dtype('float32'))
     """
 
-    __slots__ = ("coords", "atoms", "source", "box", "time")
+    __slots__ = ("coords", "atoms", "source", "box", "time", "box_source")
 
-    def __init__(self, coords, atoms: AtomTable, source: str | None = None, box=None, time=None):
+    def __init__(self, coords, atoms: AtomTable, source: str | None = None, box=None, time=None,
+                 box_source: str | None = None):
         where = source or "coordinates"
         if not isinstance(atoms, AtomTable):
             raise InputError(f"{where}: atoms must be an AtomTable, got {type(atoms).__name__}")
@@ -76,6 +83,8 @@ class Structure:
         if box is not None:
             b = np.asarray(box, dtype=np.float32)
             if b.shape == (3,) or (b.ndim == 2 and b.shape[1] == 3 and b.shape != (3, 3)):
+                if not (b > 0).all():  # (also catches NaN)
+                    raise InputError(f"{where}: box edge lengths must be positive, got {b.tolist()}")
                 # edge lengths of a rectangular box -> diagonal box vectors
                 b = b[..., :, None] * np.eye(3, dtype=np.float32)
             if b.shape == (3, 3):
@@ -84,6 +93,7 @@ class Structure:
                 raise InputError(f"{where}: box must have shape ({n_frames}, 3, 3), got {np.shape(box)}")
             if not np.isfinite(b).all():
                 raise InputError(f"{where}: non-finite box vectors")
+            check_box(b, where)
             box = np.ascontiguousarray(b)
         if time is not None:
             t = np.asarray(time, dtype=np.float64).reshape(-1)
@@ -95,6 +105,35 @@ class Structure:
         self.source = source
         self.box = box
         self.time = time
+        self.box_source = None if box is None else (box_source or "simulation")
+
+    def periodic_box(self, periodic: bool | None = None):
+        """The box a periodic computation should use, or None.
+
+        Parameters
+        ----------
+        periodic : bool or None
+            ``None`` (the default of the functions that take it): a simulation box, but not a
+            crystal unit cell (``box_source == "crystal"``: a PDB ``CRYST1`` or mmCIF ``_cell``
+            describes the crystal's lattice, not periodic boundaries of this model); ``True``: the
+            box whatever its source; ``False``: none.
+
+        Returns
+        -------
+        np.ndarray of float32, shape (frames, 3, 3), or None
+
+        Examples
+        --------
+        >>> import protgpu as pg
+        >>> s = pg.load("datasets/adk_open.pdb")
+        >>> s.box_source, s.periodic_box() is None, s.periodic_box(True).shape
+        ('crystal', True, (1, 3, 3))
+        """
+        if periodic is False or self.box is None:
+            return None
+        if periodic is None and self.box_source == "crystal":
+            return None
+        return self.box
 
     @classmethod
     def _from_parts(cls, coords: np.ndarray, atoms: AtomTable, source: str | None) -> Structure:
@@ -105,7 +144,7 @@ class Structure:
         coordinate for finiteness among them) cost a measurable part of loading a small file.
         """
         s = object.__new__(cls)
-        s.coords, s.atoms, s.source, s.box, s.time = coords, atoms, source, None, None
+        s.coords, s.atoms, s.source, s.box, s.time, s.box_source = coords, atoms, source, None, None, None
         return s
 
     @classmethod
@@ -256,7 +295,7 @@ class Structure:
             raise InputError(f"{self.source or 'structure'}: selection {what} matches no atoms")
         return Structure(
             np.ascontiguousarray(self.coords[:, idx]), self.atoms.take(idx), source=self.source,
-            box=self.box, time=self.time,
+            box=self.box, time=self.time, box_source=self.box_source,
         )
 
     # -- frames ----------------------------------------------------------------------------------------
@@ -309,7 +348,7 @@ class Structure:
         return Structure(
             coords, self.atoms, source=self.source,
             box=None if self.box is None else self.box[sel],
-            time=None if self.time is None else self.time[sel],
+            time=None if self.time is None else self.time[sel], box_source=self.box_source,
         )
 
     def __getitem__(self, idx) -> Structure:
@@ -331,5 +370,19 @@ class Structure:
         return Structure(
             self.coords.copy(), self.atoms, source=self.source,
             box=None if self.box is None else self.box.copy(),
-            time=None if self.time is None else self.time.copy(),
+            time=None if self.time is None else self.time.copy(), box_source=self.box_source,
+        )
+
+
+def check_box(box: np.ndarray, where: str) -> None:
+    """Raise InputError unless every (3, 3) box of ``box`` (frames, 3, 3) has edges of positive length
+    and spans a positive volume (right-handed, as every MD code writes them)."""
+    edges = np.linalg.norm(box.astype(np.float64), axis=-1)
+    volume = np.linalg.det(box.astype(np.float64))
+    bad = ~((edges > 0).all(axis=-1) & (volume > 0))
+    if bad.any():
+        f = int(np.flatnonzero(bad)[0])
+        raise InputError(
+            f"{where}: box of frame {f} has a non-positive edge length or volume (edges "
+            f"{np.round(edges[f], 3).tolist()} A, volume {volume[f]:.6g} A^3)"
         )

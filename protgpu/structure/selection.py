@@ -12,7 +12,7 @@ import re
 import numpy as np
 
 from ..errors import InputError
-from .chemistry import AMINO_ACIDS, WATER_RESNAMES
+from .chemistry import AMINO_ACIDS, VIRTUAL_SITE_ELEMENTS, WATER_RESNAMES
 from .tables import AtomTable
 
 _BACKBONE_NAMES = ("N", "CA", "C", "O")
@@ -193,8 +193,8 @@ class _SelectionParser:
             return self.atoms.hetero.copy()
         if tok == "hydrogen":
             return self.hydrogen()
-        if tok == "heavy":
-            return ~self.hydrogen()
+        if tok == "heavy":  # neither hydrogen nor a virtual site (TIP4P MW, lone pairs: no element)
+            return ~(self.hydrogen() | self.isin("element", VIRTUAL_SITE_ELEMENTS))
         if tok == "ca":
             # Element C excludes calcium ions named CA.
             return self.isin("name", ("CA",)) & self.isin("element", ("C",)) & self.protein()

@@ -89,7 +89,7 @@ class ContactsJob(Job):
         t0 = time.perf_counter()
         cm = contacts(s, scheme=self.scheme, cutoff=self.cutoff, min_separation=self.min_separation,
                       residues=self.residues, frequency=self.frequency, output=self.output,
-                      inter_chain=self.inter_chain, periodic=self.periodic, device=self.device)
+                      inter_chain=self.inter_chain, periodic=None if self.periodic else False, device=self.device)
         arrays = cm.to_dict()  # on the host: the timing below includes the copy back
         dt = time.perf_counter() - t0
         if self.on_map is not None:
