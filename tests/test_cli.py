@@ -343,8 +343,6 @@ def test_kernels_list_has_a_header_row():
     assert rows[0] == ["kernel", "entry_point"] and len(rows) > 5
 
 
-@pytest.mark.xfail(strict=False, reason="mdtraj's DCD reader prints to the C-level stdout; the loader fix that "
-                                        "redirects it (another wave-2 helper's io change) makes this pass")
 def test_rmsd_of_a_dcd_on_stdout_parses_as_a_table(datasets, tmp_path):
     """``protgpu rmsd traj.dcd ... > rmsd.tsv``: what lands in the file is the table and nothing else."""
     import csv

@@ -239,7 +239,13 @@ class Structure:
         Returns
         -------
         np.ndarray of int64, shape (m,)
-            Sorted, unique atom indices; empty when nothing matches.
+            Sorted, unique atom indices; empty when nothing matches (a range that holds no atom).
+
+        Raises
+        ------
+        InputError
+            A bad selection, or a named value that no atom has (``chain Z``: the message lists the
+            chains there are).
 
         Examples
         --------
