@@ -220,8 +220,14 @@ def check_finite(a: np.ndarray | None, name: str, atoms=None) -> None:
     a3 = a if a.ndim == 3 else a[None]
     if atoms is not None:
         a3 = a3[:, atoms]
-    # Two reductions (NaN propagates through min and max) instead of a boolean temporary of the size
-    # of the input; the slow search below runs only for bad input.
+    if a3.dtype in (np.float32, np.float64) and a3.flags.c_contiguous:
+        # One multi-threaded BLAS pass: every x^2 <= sum x^2, so a small enough sum (NaN never is) proves
+        # the bound; typical inputs (10^4 models x 10^3 atoms) pass here at memory bandwidth.
+        flat = a3.reshape(-1)
+        if float(np.dot(flat, flat)) <= 0.25 * MAX_ABS_COORD**2:
+            return
+    # Else two reductions (NaN propagates through min and max), no boolean temporary of the input's
+    # size; the search below runs only for bad input.
     lo, hi = a3.min(), a3.max()
     if lo >= -MAX_ABS_COORD and hi <= MAX_ABS_COORD:
         return
