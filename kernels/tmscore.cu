@@ -135,7 +135,7 @@ __device__ int tm_evaluate(const T* __restrict__ xs, const T* __restrict__ ys, i
     for (int i = 0; i < 3; ++i) t[i] = (C)td[i];
     const C cut2 = (C)(dcut * dcut);
     const C inv_d0sq = (C)(1.0 / d0sq);
-    int ncut = 0, nfinite = 0;
+    int ncut = 0;
     int g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0;
     double sc = 0.0, ms = 0.0;
     for (int k = 0; k < nwords; ++k) {
@@ -145,7 +145,6 @@ __device__ int tm_evaluate(const T* __restrict__ xs, const T* __restrict__ ys, i
         const unsigned wd = __ballot_sync(TM_FULL_MASK, valid && d2 < cut2);
         if (lane == 0) words[k] = wd;
         ncut += __popc(wd);
-        nfinite += __popc(__ballot_sync(TM_FULL_MASK, valid && isfinite(d2)));
         if (want_score && valid) sc += (double)((C)1 / ((C)1 + d2 * inv_d0sq));
         if (want_gdt) {
             // the TMscore program's strict cutoffs on squared distances: 0.5, 1, 2, 4, 8 Angstrom
@@ -159,6 +158,16 @@ __device__ int tm_evaluate(const T* __restrict__ xs, const T* __restrict__ ys, i
     }
     // The widening stops once every finite distance passes (NaN ones never do) and after TM_MAX_WIDEN
     // steps (7e6 A: beyond any coordinates the front door lets through), so bad device input cannot hang.
+    // The finite distances are counted here, off the common path (few subsets need widening).
+    int nfinite = 0;
+    if (ncut < 3 && n > 3) {
+        for (int k = 0; k < nwords; ++k) {
+            const int j = k * 32 + lane;
+            const bool valid = j < n;
+            const C d2 = valid ? tm_d2<T, C>(xs, ys, j, r, t) : (C)0;
+            nfinite += __popc(__ballot_sync(TM_FULL_MASK, valid && isfinite(d2)));
+        }
+    }
     int inc = 0;
     while (ncut < 3 && ncut < nfinite && n > 3 && inc < TM_MAX_WIDEN) {
         ++inc;

@@ -265,3 +265,19 @@ def check_scoring_for_sanitizer() -> None:
             finally:
                 lddt_mod._SMEM_LIMIT = 48 * 1024
     print("scoring: ok")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_finite", [0, 2, 5, 40])
+def test_device_input_with_nan_coordinates_ends(gpu, n_finite):
+    """Device input is not scanned (that would synchronise the caller's stream), so the kernel's cutoff
+    widening must end by itself when fewer than three distances can ever pass: NaN in, NaN or a number
+    out, never a hang."""
+    import protgpu as pg
+
+    y = np.random.default_rng(1).normal(size=(40, 3)) * 10
+    x = y + 0.5
+    x[n_finite:] = np.nan
+    r = pg.tm_score(gpu.asarray(x), gpu.asarray(y))
+    tm = float(gpu.asnumpy(r.tm))
+    assert np.isnan(tm) or 0.0 <= tm <= 1.0
