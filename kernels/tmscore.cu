@@ -27,7 +27,6 @@
 
 #define TM_FULL_MASK 0xffffffffu
 #define TM_MAX_ITER 20
-#define TM_MAX_WIDEN (1 << 24)
 
 __device__ __forceinline__ double tm_warp_sum(double v) {
 #pragma unroll
@@ -156,20 +155,8 @@ __device__ int tm_evaluate(const T* __restrict__ xs, const T* __restrict__ ys, i
             if (valid && d2 < (C)12.25) ms += (double)((C)1 / ((C)1 + d2 / (C)12.25));
         }
     }
-    // The widening stops once every finite distance passes (NaN ones never do) and after TM_MAX_WIDEN
-    // steps (7e6 A: beyond any coordinates the front door lets through), so bad device input cannot hang.
-    // The finite distances are counted here, off the common path (few subsets need widening).
-    int nfinite = 0;
-    if (ncut < 3 && n > 3) {
-        for (int k = 0; k < nwords; ++k) {
-            const int j = k * 32 + lane;
-            const bool valid = j < n;
-            const C d2 = valid ? tm_d2<T, C>(xs, ys, j, r, t) : (C)0;
-            nfinite += __popc(__ballot_sync(TM_FULL_MASK, valid && isfinite(d2)));
-        }
-    }
     int inc = 0;
-    while (ncut < 3 && ncut < nfinite && n > 3 && inc < TM_MAX_WIDEN) {
+    while (ncut < 3 && n > 3) {
         ++inc;
         const double dd = dcut + inc * 0.5;
         const C c2 = (C)(dd * dd);

@@ -504,16 +504,18 @@ def tm_score(models, reference, *, normalize_by="reference", mapping="resnum", d
     l_norm = _norm_lengths(normalize_by, batch)
     params = search_parameters(batch.n_model, batch.n_ref, l_norm)
     xp = be.xp
+    x, y, bad = batch.x, batch.y, None
     if be.on_gpu:
-        raw = tm_search_cuda(batch.x, batch.y, batch.n_ali, params)
+        x, y, bad = _without_bad_models(x, y, xp)
+        raw = tm_search_cuda(x, y, batch.n_ali, params)
     else:
-        raw = tm_search_numpy(batch.x, batch.y, batch.n_ali, params)
+        raw = tm_search_numpy(x, y, batch.n_ali, params)
     n_ref = float(batch.n_ref)
     counts = xp.asarray(raw["gdt_counts"]).astype(xp.float64)
     frac = counts / n_ref
     result = TMScoreResult(
         tm=raw["score"],
-        rmsd=_common_rmsd(batch.x, batch.y, batch.n_ali, xp),
+        rmsd=_common_rmsd(x, y, batch.n_ali, xp),
         gdt_ts=counts[:, 1:5].sum(axis=1) / (4 * n_ref),
         gdt_ha=counts[:, 0:4].sum(axis=1) / (4 * n_ref),
         maxsub=xp.asarray(raw["maxsub_sum"]) / n_ref,
@@ -524,10 +526,39 @@ def tm_score(models, reference, *, normalize_by="reference", mapping="resnum", d
         d0=params[:, 2].copy(),
         n_skipped=batch.n_skipped.copy(),
     )
+    if bad is not None:  # models whose device coordinates were not finite or out of range score NaN
+        result = result._replace(**{f: _nan_where(getattr(result, f), bad, xp) for f in _FLOAT_FIELDS})
     result = be.wrap(result)
     if single:
         result = TMScoreResult(*(_batch.first_model(v) for v in result))
     return result
+
+
+_FLOAT_FIELDS = ("tm", "rmsd", "gdt_ts", "gdt_ha", "maxsub", "rotation", "translation", "gdt_fractions")
+
+
+def _without_bad_models(x, y, xp):
+    """Device coordinates with NaN, infinite or out-of-range models zeroed, and the (M,) mask of those.
+
+    Host input was checked by the front door; device input is not scanned there (it would synchronise
+    the caller's stream), so it is cleaned here, on the device, in two elementwise passes: the search's
+    cutoff widening would otherwise never end for a model without three finite distances (NaN) or
+    take ~10^6 steps per subset (coordinates of 10^6 A). Those models score NaN.
+    """
+    from .._inputs import MAX_ABS_COORD
+
+    x_ok = (xp.abs(x) <= MAX_ABS_COORD).all(axis=(1, 2))
+    y_ok = (xp.abs(y) <= MAX_ABS_COORD).all(axis=(1, 2))  # (1,) for a reference shared by every model
+    ok = x_ok & y_ok
+    x = xp.where(ok[:, None, None], x, 0).astype(x.dtype, copy=False)
+    y = xp.where(y_ok[:, None, None], y, 0).astype(y.dtype, copy=False)
+    return x, y, ~ok
+
+
+def _nan_where(v, bad, xp):
+    v = xp.asarray(v, dtype=xp.float64) if not hasattr(v, "dtype") or v.dtype.kind != "f" else v.copy()
+    v[bad] = xp.nan
+    return v
 
 
 def tm_inputs(models, reference, *, normalize_by="reference", mapping="resnum", dtype=np.float64):

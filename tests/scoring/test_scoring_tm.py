@@ -382,3 +382,22 @@ def test_scores_reject_bad_coordinates(fn, bad):
         getattr(pg, fn)(x, y, device="cpu") if fn != "lddt" else pg.lddt(x, y)
     with pytest.raises(InputError, match=r"reference: .*frame 0 \(atom 3\)"):
         getattr(pg, fn)(y, x, device="cpu") if fn != "lddt" else pg.lddt(y, x)
+
+
+def test_device_path_cleans_bad_models_without_scanning_on_the_host():
+    """tm_score's GPU path zeroes models whose coordinates are NaN, infinite or beyond the bound (on the
+    device: here with NumPy standing in for CuPy) and marks them; a shared reference keeps its shape."""
+    from protgpu.scoring.tmscore import _nan_where, _without_bad_models
+
+    x = np.ones((4, 6, 3), np.float32)
+    x[1, 2, 0], x[3, 0, 1] = np.nan, 2e6
+    y = np.full((1, 6, 3), 2.0, np.float32)
+    xc, yc, bad = _without_bad_models(x, y, np)
+    assert bad.tolist() == [False, True, False, True]
+    assert xc.dtype == np.float32 and np.isfinite(xc).all() and (xc[[0, 2]] == 1).all() and (xc[[1, 3]] == 0).all()
+    assert yc.shape == (1, 6, 3) and (yc == 2).all()
+    y_bad = y.copy()
+    y_bad[0, 0, 0] = np.inf
+    assert _without_bad_models(x, y_bad, np)[2].all()  # a bad shared reference makes every model bad
+    v = _nan_where(np.arange(4.0), bad, np)
+    assert np.isnan(v[[1, 3]]).all() and v[[0, 2]].tolist() == [0.0, 2.0]
