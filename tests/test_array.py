@@ -60,13 +60,3 @@ def test_wrap_keeps_named_tuples_and_dicts():
     r = be.wrap(Pair(np.zeros(1), 3))
     assert isinstance(r, Pair) and r.b == 3
     assert set(be.wrap({"x": np.zeros(2)})) == {"x"}
-
-
-def test_torch_cpu_round_trip():
-    torch = pytest.importorskip("torch")
-    import protgpu as pg
-
-    x = torch.randn(10, 3)
-    d = pg.distances(x, device="cpu")
-    assert isinstance(d, torch.Tensor) and d.shape == (10, 10)
-    assert torch.allclose(d.double(), torch.cdist(x.double(), x.double()), atol=1e-5)

@@ -144,17 +144,22 @@ def test_every_function_takes_every_form_on_the_gpu(fn, form, ensemble, gpu):
 
 @pytest.mark.parametrize("fn", list(FUNCTIONS))
 def test_every_function_takes_each_array_kind(fn, ensemble, array_kind):
-    """NumPy, torch (and CuPy on the GPU) arrays, through the array-kind fixture."""
+    """NumPy, torch (and CuPy on the GPU) arrays, through the array-kind fixture: the same values, and
+    results of the array type that came in."""
     s3, ref, _ = ensemble
     kind, convert = array_kind
     call, needs_atoms = FUNCTIONS[fn]
     device = "gpu" if kind == "cupy" else "cpu"
+    x = convert(s3.coords)
     if needs_atoms:
         with pytest.raises(InputError, match=r"no atom names or residues"):
-            call(convert(s3.coords), ref, device)
+            call(x, ref, device)
         return
     expected = _host(call(s3, ref, "cpu"))
-    got = _host(call(convert(s3.coords), ref, device))
+    result = call(x, ref, device)
+    first = result[0] if isinstance(result, tuple) else result
+    assert type(first).__module__.split(".")[0] == type(x).__module__.split(".")[0], (type(first), type(x))
+    got = _host(result)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-4 * max(1.0, float(np.abs(expected).max())))
 
 
