@@ -51,7 +51,10 @@ def normalize_box(box, n_frames: int, dtype=np.float64):
     """
     if box is None:
         return None, None, PBC_NONE
-    b = np.asarray(to_numpy(box), dtype=np.float64)
+    try:
+        b = np.asarray(to_numpy(box), dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError(f"box must be numbers (lengths or box vectors, Angstrom), got {box!r:.60}") from None
     if b.shape == (3, 3) and n_frames == 3 and np.any(b[[0, 0, 1], [1, 2, 2]] != 0):
         # (3, 3) means one box's vectors; with 3 frames it could also be per-frame lengths. Box
         # vectors from MD engines are lower triangular; anything else here is refused, not guessed.

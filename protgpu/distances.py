@@ -40,8 +40,14 @@ def _as_frames(x, name: str, be):
     return xp.ascontiguousarray(a), squeeze
 
 
-def _check_pairs(pairs, n_atoms: int):
-    p = np.asarray(to_numpy(pairs))
+def _check_pairs(pairs, n_atoms: int, n_frames: int = 1):
+    shape = np.shape(pairs) if not hasattr(pairs, "shape") else tuple(pairs.shape)
+    if len(shape) == 2:  # the result's size before any copy of an index array that may be huge
+        check_host_fits(shape[0] * (4 * n_frames + 16), f"{shape[0]} pairs over {n_frames} frames")
+    try:
+        p = np.asarray(to_numpy(pairs))
+    except (TypeError, ValueError):
+        raise InputError("pairs must be a (k, 2) array of integer atom indices") from None
     if p.ndim != 2 or p.shape[1] != 2:
         raise InputError(f"pairs must have shape (k, 2), got {p.shape}")
     if p.size and not np.issubdtype(p.dtype, np.integer):
@@ -59,6 +65,10 @@ def _out_shape(n_frames, n, m, pairs):
 def _check_out(out, shape, dtype):
     if out is None:
         return
+    if not (isinstance(out, np.ndarray) or type(out).__module__.split(".")[0] == "cupy"):
+        raise InputError(f"out= must be a NumPy or CuPy array, got {type(out).__name__}")
+    if isinstance(out, np.ndarray) and not out.flags.writeable:
+        raise InputError("out= is read-only")
     if tuple(out.shape) != tuple(shape):
         raise InputError(f"out= has shape {tuple(out.shape)}, the result needs {tuple(shape)}")
     if np.dtype(out.dtype) != np.dtype(dtype):
@@ -286,7 +296,7 @@ def distances(x, y=None, *, pairs=None, box=None, out=None, device: str = "auto"
         if len(ya) not in (1, len(xa)):
             raise InputError(f"y has {len(ya)} frames; it needs 1 or as many as x ({len(xa)})")
     n_frames, n = xa.shape[:2]
-    pairs_a = _check_pairs(pairs, n) if pairs is not None else None
+    pairs_a = _check_pairs(pairs, n, n_frames) if pairs is not None else None
     m = (ya if ya is not None else xa).shape[1]
     shape = _out_shape(n_frames, n, m, pairs_a)
     nbytes = int(np.prod(shape)) * xa.dtype.itemsize

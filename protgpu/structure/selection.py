@@ -254,7 +254,11 @@ def select_mask(atoms: AtomTable, selection, source: str | None) -> np.ndarray:
     n = len(atoms)
     where = source or "structure"
     if isinstance(selection, str):
-        return _SelectionParser(atoms, selection, source).parse()
+        try:
+            return _SelectionParser(atoms, selection, source).parse()
+        except RecursionError:  # the parser descends once per parenthesis or operator
+            raise InputError(f"selection of {len(selection)} characters nests too deeply (parentheses or "
+                             "and/or/not chains); write it flatter") from None
     arr = np.asarray(selection)
     if arr.dtype == bool:
         if arr.shape != (n,):

@@ -106,6 +106,8 @@ def prepare(mobile, reference, fit, atoms, weights, ref_frame, device, *, need_r
     check_shape(mob_shape, mob_name)
     ref_host = np.asarray(to_numpy(ref))
     check_shape(ref_host.shape, ref_name)
+    if isinstance(ref_frame, bool) or not isinstance(ref_frame, (int, np.integer)):
+        raise InputError(f"ref_frame must be an integer frame index, got {ref_frame!r}")
     if ref_host.ndim == 3:
         nf = ref_host.shape[0]
         if not -nf <= ref_frame < nf:
