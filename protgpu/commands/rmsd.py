@@ -25,6 +25,7 @@ Both plots are drawn by :mod:`protgpu.plotting`.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -32,7 +33,8 @@ import time
 import numpy as np
 
 from ..batch.inputs import expand_inputs
-from ..errors import InputError
+from ..batch.writers import OutputError
+from ..errors import InputError, ProtgpuError
 from ._batch_options import add_batch_options, job_device, late_device, report_failures, run_job
 from ._cli_text import add_out, add_parser, cli_words, translate_failures
 
@@ -352,6 +354,21 @@ def _gpus(args):
     return n
 
 
+def _reserve_disk(path: str) -> None:
+    """Claim a memory-mapped output's disk blocks before writing through the map: on a full disk a
+    write into a sparse file's hole kills the process with SIGBUS, while allocating fails with ENOSPC."""
+    if not hasattr(os, "posix_fallocate"):
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a filesystem without fallocate: go on
+            raise
+    finally:
+        os.close(fd)
+
+
 def run_pairwise(args) -> int:
     from .._array import dispatch
     from ..batch.journal import write_run_record
@@ -390,32 +407,39 @@ def run_pairwise(args) -> int:
     low = low_out
     result = None
     remove_stale_temps(args.out)  # what a killed earlier run left beside the output (a full-size .npy, say)
-    if low.endswith(".npy"):
-        # Stream tile by tile into a memory-mapped .npy beside the destination, then rename it.
-        with atomic_path(args.out) as tmp:
-            mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
-            pairwise_rmsd(coords, out=mm, precision=args.precision, condensed=args.condensed, device=device,
-                          devices=_gpus(args))
-            mm.flush()
-            del mm
-        result = np.load(args.out, mmap_mode="r")
-    elif low.endswith(".zarr"):
-        # Streamed tile by tile into a store in a temporary folder, which then takes the name.
-        dest = args.out.rstrip("/")
-        rows = min(shape[0], max(1, (1 << 22) // (4 * (shape[1] if len(shape) > 1 else 1))))  # ~4 MiB chunks
-        with atomic_path(dest, directory=True) as tmp:
-            z = zarr.open_array(tmp, mode="w", shape=shape, chunks=(rows, *shape[1:]), dtype=np.float32)
-            z.attrs.update({"units": "angstrom", "condensed": bool(args.condensed),
-                            "inputs": [e["input"] for e in entries if e["status"] == "ok"],
-                            "frames": [e["rows"][0]["frames"] for e in entries if e["status"] == "ok"]})
-            pairwise_rmsd(coords, out=z, precision=args.precision, condensed=args.condensed, device=device,
-                          devices=_gpus(args))
-        result = zarr.open_array(dest, mode="r")
-    else:
-        result = pairwise_rmsd(coords, precision=args.precision, condensed=args.condensed, device=device,
-                               devices=_gpus(args))
-        if low.endswith(".npz"):
-            save_array(args.out, {"rmsd": result, "input": labels_in, "frame": frames})
+    try:
+        if low.endswith(".npy"):
+            # Stream tile by tile into a memory-mapped .npy beside the destination, then rename it.
+            with atomic_path(args.out) as tmp:
+                mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
+                _reserve_disk(tmp)
+                pairwise_rmsd(coords, out=mm, precision=args.precision, condensed=args.condensed, device=device,
+                              devices=_gpus(args))
+                mm.flush()
+                del mm
+            result = np.load(args.out, mmap_mode="r")
+        elif low.endswith(".zarr"):
+            # Streamed tile by tile into a store in a temporary folder, which then takes the name.
+            dest = args.out.rstrip("/")
+            rows = min(shape[0], max(1, (1 << 22) // (4 * (shape[1] if len(shape) > 1 else 1))))  # ~4 MiB chunks
+            with atomic_path(dest, directory=True) as tmp:
+                z = zarr.open_array(tmp, mode="w", shape=shape, chunks=(rows, *shape[1:]), dtype=np.float32)
+                z.attrs.update({"units": "angstrom", "condensed": bool(args.condensed),
+                                "inputs": [e["input"] for e in entries if e["status"] == "ok"],
+                                "frames": [e["rows"][0]["frames"] for e in entries if e["status"] == "ok"]})
+                pairwise_rmsd(coords, out=z, precision=args.precision, condensed=args.condensed, device=device,
+                              devices=_gpus(args))
+            result = zarr.open_array(dest, mode="r")
+        else:
+            result = pairwise_rmsd(coords, precision=args.precision, condensed=args.condensed, device=device,
+                                   devices=_gpus(args))
+            if low.endswith(".npz"):
+                save_array(args.out, {"rmsd": result, "input": labels_in, "frame": frames})
+    except OSError as exc:
+        if isinstance(exc, ProtgpuError):
+            raise
+        # a full disk, a permission: one line; atomic_path has removed the temporary
+        raise OutputError(f"--out {args.out}: cannot write ({exc.strerror or exc}); no output was written") from None
     dt = time.perf_counter() - t0
     errors = write_run_record(args.out, "pairwise-rmsd", _pairwise_options(args), entries)[1] if args.out else None
     if args.plot:

@@ -84,3 +84,28 @@ def test_cli_pairwise_zarr_equals_npy(datasets, tmp_path):
     z = zarr.open_array(str(tmp_path / "d.zarr"), mode="r")
     assert z.shape == (2, 2) and z[0, 1] > 1
     np.testing.assert_array_equal(z[:], np.load(tmp_path / "d.npy"))
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".npz"])
+def test_pairwise_rmsd_full_disk_is_one_line_and_leaves_nothing(datasets, tmp_path, capsys, monkeypatch, suffix):
+    """A full disk (ENOSPC) while writing the matrix: one line naming --out, a non-zero exit, no output
+    and no temporary file (a memory-mapped .npy claims its blocks first: writing into a sparse file on a
+    full disk would kill the process with SIGBUS instead)."""
+    import errno
+    import os
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if suffix == ".npy":
+        monkeypatch.setattr(os, "posix_fallocate", full, raising=False)
+    else:
+        monkeypatch.setattr(np.lib.format, "write_array", full)
+    out = tmp_path / f"m{suffix}"
+    dcd, top = str(datasets / "adk_dims.dcd"), str(datasets / "adk_open.pdb")
+    from protgpu.cli import main
+
+    rc = main(["pairwise-rmsd", dcd, "--top", top, "--select", "ca", "--out", str(out), "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and len(err) == 1 and f"--out {out}: cannot write (No space left on device)" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
