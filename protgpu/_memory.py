@@ -22,8 +22,7 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def host_available_bytes() -> int | None:
-    """Available host memory in bytes (Linux ``MemAvailable``), or ``None`` where unknown."""
+def _machine_available_bytes() -> int | None:
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
@@ -35,6 +34,48 @@ def host_available_bytes() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def _cgroup_available_bytes() -> int | None:
+    """What this process's cgroup (v2) still allows: ``memory.max - memory.current``, None when
+    unlimited or unknown. A container's limit is often far below the machine's MemAvailable."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            path = next((line.strip().split(":", 2)[2] for line in fh if line.startswith("0::")), None)
+        if path is None:
+            return None
+        base = os.path.join("/sys/fs/cgroup", path.lstrip("/"))
+        with open(os.path.join(base, "memory.max")) as fh:
+            limit = fh.read().strip()
+        if limit == "max":
+            return None
+        with open(os.path.join(base, "memory.current")) as fh:
+            return max(0, int(limit) - int(fh.read().strip()))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _rlimit_available_bytes() -> int | None:
+    """Address space left under ``RLIMIT_AS`` (``ulimit -v``), None when unlimited or unknown."""
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/statm") as fh:
+            used = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        return max(0, soft - used)
+    except (ImportError, OSError, ValueError):
+        return None
+
+
+def host_available_bytes() -> int | None:
+    """Host memory this process may still take, in bytes: the least of the machine's ``MemAvailable``,
+    the cgroup's remaining limit and the ``RLIMIT_AS`` headroom; ``None`` where none is known."""
+    known = [b for b in (_machine_available_bytes(), _cgroup_available_bytes(), _rlimit_available_bytes())
+             if b is not None]
+    return min(known) if known else None
 
 
 def check_host_fits(nbytes: int, what: str) -> None:

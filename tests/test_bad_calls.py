@@ -48,3 +48,27 @@ def test_selection_nested_5000_deep_is_refused(datasets):
     with pytest.raises(InputError, match="nests too deeply"):
         s.select("(" * 5000 + "name CA" + ")" * 5000)
     assert s.select("(((name CA)))").n_atoms == 214  # a few levels are fine
+
+
+def test_contacts_of_a_huge_broadcast_view_is_refused_before_any_pass(datasets):
+    """2,000,000 frames that are one frame broadcast: refused by size at once (it used to check the
+    coordinates and copy them first, and the OOM killer ended the process)."""
+    import time
+
+    s = pg.load(datasets / "adk_open.pdb")
+    view = np.broadcast_to(s.coords[:1], (2_000_000, s.n_atoms, 3))
+    t = time.perf_counter()
+    with pytest.raises(MemoryBudgetError, match="contacts of 2000000 frames"):
+        pg.contacts(s, coords=view, device="cpu")
+    assert time.perf_counter() - t < 5.0  # no pass over the 80 GB the view stands for
+
+
+def test_host_memory_takes_the_least_of_machine_cgroup_and_rlimit(monkeypatch):
+    from protgpu import _memory
+
+    monkeypatch.setattr(_memory, "_machine_available_bytes", lambda: 8 << 30)
+    monkeypatch.setattr(_memory, "_cgroup_available_bytes", lambda: 2 << 30)
+    monkeypatch.setattr(_memory, "_rlimit_available_bytes", lambda: None)
+    assert _memory.host_available_bytes() == 2 << 30
+    with pytest.raises(MemoryBudgetError, match="only 2.0 GiB"):
+        _memory.check_host_fits(3 << 30, "a result")

@@ -121,6 +121,14 @@ def contacts(structure, *, scheme: str = "closest-heavy", cutoff: float = 4.5, m
     seq = res_sel.astype(np.int64)
     allowed = allowed_pairs(chain, seq, int(min_separation), inter_chain)
     be = dispatch(coords, device=device)
+    if coords is not None and be.kind in ("numpy", "torch-cpu"):  # refuse what cannot fit before the
+        # coordinates are checked or copied (a broadcast view can claim terabytes in a few bytes)
+        shape = tuple(getattr(coords, "shape", ()) or np.shape(coords))
+        n_in = shape[0] if len(shape) == 3 else 1
+        copy = 0 if isinstance(coords, np.ndarray) and coords.dtype == np.float32 and coords.flags.c_contiguous \
+            else n_in * s.n_atoms * 3 * 4
+        dense = 0 if frequency or output == "pairs" else n_in * len(res_sel) ** 2 * 5
+        check_host_fits(copy + dense, f"contacts of {n_in} frames x {s.n_atoms} atoms ({what})")
     x = work_coords(s, coords, be, what)
     box = s.periodic_box(periodic)
     keep = "frequency" if frequency else ("pairs" if output == "pairs" else "dense")
