@@ -11,10 +11,11 @@ import warnings
 import numpy as np
 
 from .._array import dispatch, get_namespace, to_numpy
+from .._inputs import as_structure
 from .._memory import check_host_fits
 from ..errors import InputError
 from .cuda import contacts_cuda
-from .inputs import as_structure, work_coords
+from .inputs import work_coords
 from .maps import ContactMap, NativeContacts
 from .numpy_twin import contacts_cpu
 from .schemes import SCHEMES, _upper, allowed_block, allowed_pairs, residue_keys, scheme_atoms

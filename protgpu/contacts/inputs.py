@@ -10,12 +10,6 @@ from .._array import get_namespace, to_numpy
 from ..errors import InputError
 
 
-def as_structure(obj, what: str, top=None):
-    """The Structure of any input form with atom tables (:func:`protgpu._inputs.as_structure`); a bare
-    array is an error: contacts are between residues."""
-    return _inputs.as_structure(obj, what, top=top)
-
-
 def work_coords(structure, coords, be, what):
     """The coordinates to use, float32 unless float64 came in, shape (F, N, 3).
 

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._array import dispatch, is_torch_tensor
-from .._inputs import as_array, as_structure, check_finite, has_topology, host_view, is_structure
+from .._inputs import as_array, as_structure, check_finite, has_topology, host_view, is_structure, source_name
 from .._memory import check_host_fits, device_budget_bytes, format_bytes, rows_per_chunk
 from ..errors import InputError, MemoryBudgetError
 from .tmscore import d0_tmscore
@@ -85,16 +85,12 @@ class ConsensusResult(NamedTuple):
 # Inputs
 
 
-def _name(s, k: int) -> str:
-    return os.path.basename(str(s.source)) if getattr(s, "source", None) else f"model {k}"
-
-
 def _frame_names(structures) -> list[str]:
     """One name per model: the file name, with ``[i]`` for the frames of a multi-frame Structure (as
     ``protgpu score`` names its rows)."""
     out = []
     for k, s in enumerate(structures):
-        base = _name(s, k)
+        base = source_name(s, f"model {k}")
         out += [base] if s.n_frames == 1 else [f"{base}[{i}]" for i in range(s.n_frames)]
     return out
 
@@ -102,8 +98,8 @@ def _frame_names(structures) -> list[str]:
 def _ca_coords(s, k: int) -> np.ndarray:
     idx = s.select_indices("ca")
     if idx.size == 0:
-        raise InputError(f"{_name(s, k)}: no CA atoms; consensus_score compares the CA atoms of Structures "
-                         "(pass a coordinate array (models, atoms, 3) to use other atoms)")
+        raise InputError(f"{source_name(s, f'model {k}')}: no CA atoms; consensus_score compares the CA atoms of "
+                         "Structures (pass a coordinate array (models, atoms, 3) to use other atoms)")
     return s.coords[:, idx]
 
 
@@ -125,9 +121,9 @@ def _model_coords(models):
             for k, c in enumerate(cas):
                 if c.shape[1] != n0:
                     raise InputError(
-                        f"models differ in CA atom count: {_name(structures[0], 0)} has {n0}, "
-                        f"{_name(structures[k], k)} has {c.shape[1]}; consensus_score needs the same atoms in "
-                        "every model (select a common set, e.g. select='chain A and resid 10-200')")
+                        f"models differ in CA atom count: {source_name(structures[0], 'model 0')} has {n0}, "
+                        f"{source_name(structures[k], f'model {k}')} has {c.shape[1]}; consensus_score needs the "
+                        "same atoms in every model (select a common set, e.g. select='chain A and resid 10-200')")
             return np.concatenate(cas), _frame_names(structures)
         if any(is_s):
             raise InputError("models: a list must hold only Structures (or paths, mdtraj or Bio.PDB objects) "

@@ -14,14 +14,6 @@ from .._inputs import check_finite, check_shape, coordinates, host_view
 from ..errors import InputError
 
 
-def frames_of(obj, what: str):
-    """``(coords, structure, name)`` of any input form, through the front door
-    (:func:`protgpu._inputs.coordinates`): coordinates (any array type, (F, N, 3) or (N, 3)),
-    the Structure they follow (None for bare arrays) and the input's name for messages."""
-    c = coordinates(obj, what)
-    return c.array, c.structure, c.name
-
-
 def resolve_selection(sel, struct, n_atoms: int, name: str, kind: str, other=None):
     """Atom indices (int64) for ``fit=``/``atoms=``: a selection string (needs a Structure; an array
     input with the same atom count borrows the other input's Structure), an index array or a boolean
@@ -86,6 +78,7 @@ class Prepared(NamedTuple):
     w_fit: np.ndarray | None
     w_meas: np.ndarray | None
     squeeze: bool
+    name: str = "mobile"  # the mobile input's name, for messages
 
 
 def prepare(mobile, reference, fit, atoms, weights, ref_frame, device, *, need_rotation: bool):
@@ -99,8 +92,8 @@ def prepare(mobile, reference, fit, atoms, weights, ref_frame, device, *, need_r
         fitted atoms where a rotation is needed, NaN coordinates (host input; rmsd() checks its result
         instead).
     """
-    mob, mob_s, mob_name = frames_of(mobile, "mobile")
-    ref, ref_s, ref_name = frames_of(reference, "reference")
+    mob, mob_s, mob_name = coordinates(mobile, "mobile")
+    ref, ref_s, ref_name = coordinates(reference, "reference")
     be = dispatch(mob, device=device)
     mob_shape = tuple(getattr(mob, "shape", None) or np.shape(mob))
     check_shape(mob_shape, mob_name)
@@ -152,7 +145,7 @@ def prepare(mobile, reference, fit, atoms, weights, ref_frame, device, *, need_r
     w_meas = None if atoms is None else resolve_weights(weights, n_mob, meas_m, mob_name)
     squeeze = len(mob_shape) == 2
     mob_arr = mob if host is None else host
-    return Prepared(be, mob_arr, (ref_fit, ref_meas), fit_m, meas_m, w_fit, w_meas, squeeze)
+    return Prepared(be, mob_arr, (ref_fit, ref_meas), fit_m, meas_m, w_fit, w_meas, squeeze, mob_name)
 
 
 def float_dtype(dtype):

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from .._array import dispatch, is_cupy_array, to_numpy
-from .._inputs import check_finite, check_shape, host_view
+from .._inputs import check_finite, check_shape, coordinates, host_view
 from ..errors import InputError
-from ._prepare import frames_of, resolve_selection, resolve_weights
+from ._prepare import resolve_selection, resolve_weights
 from .multigpu import device_ids, pairwise_multi_gpu
 from .pairwise_cpu import pairwise_numpy
 from .pairwise_gpu import pairwise_cuda
@@ -101,8 +101,8 @@ def pairwise_rmsd(x, y=None, *, fit=None, weights=None, out=None, precision: str
         raise InputError(f"precision must be 'float32' or 'float64', not {precision!r}")
     if condensed and y is not None:
         raise InputError("condensed=True needs y=None (a condensed vector holds one symmetric matrix)")
-    xa, xs, xname = frames_of(x, "x")
-    ya, ys, yname = frames_of(y, "y") if y is not None else (None, None, None)
+    xa, xs, xname = coordinates(x, "x")
+    ya, ys, yname = coordinates(y, "y") if y is not None else (None, None, None)
     be = dispatch(xa, ya, device=device)
     xshape = tuple(getattr(xa, "shape", None) or np.shape(xa))
     check_shape(xshape, xname)

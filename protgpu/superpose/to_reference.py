@@ -25,7 +25,7 @@ from .._memory import device_budget_bytes, rows_per_chunk
 from .._threads import blas_threads, cpu_threads
 from ..errors import InputError
 from . import kernels, qcp
-from ._prepare import float_dtype, frames_of, prepare
+from ._prepare import float_dtype, prepare
 
 # Each task of the CPU path's pool holds this much float64 working set of frames (moved coordinates);
 # the size does not depend on the thread count, so neither do the results.
@@ -356,7 +356,7 @@ def _run_rmsd(mobile, reference, fit, atoms, weights, ref_frame, device, want_co
         x = x if x.ndim == 3 else x[None]
         res = rmsd_cuda(x, p.ref, p.fit, p.meas, p.w_fit, p.w_meas, want_coords=want_coords)
         if not want_coords and isinstance(x, np.ndarray):
-            res = (_finite_rmsd(to_numpy(res[0]), mobile), *res[1:])
+            res = (_finite_rmsd(to_numpy(res[0]), p.name), *res[1:])
     else:
         x = p.mobile
         if not isinstance(x, np.ndarray):
@@ -366,16 +366,15 @@ def _run_rmsd(mobile, reference, fit, atoms, weights, ref_frame, device, want_co
         x = x if x.ndim == 3 else x[None]
         res = rmsd_numpy(x, p.ref, p.fit, p.meas, p.w_fit, p.w_meas, want_coords=want_coords)
         if not want_coords:  # the result's check stands for a pass over the coordinates (prepare)
-            _finite_rmsd(res[0], mobile)
+            _finite_rmsd(res[0], p.name)
     return be, res, p.squeeze
 
 
-def _finite_rmsd(r: np.ndarray, mobile) -> np.ndarray:
+def _finite_rmsd(r: np.ndarray, name: str) -> np.ndarray:
     """``r`` (host RMSDs), or InputError naming the first frame whose RMSD is NaN or infinite: a NaN
     or infinite coordinate of a fitted or measured atom gives one."""
     bad = ~np.isfinite(r)
     if bad.any():
-        name = frames_of(mobile, "mobile")[2]
         raise InputError(f"{name}: NaN or infinite coordinates in frame {int(np.argmax(bad))}")
     return r
 
