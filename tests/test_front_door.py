@@ -77,8 +77,18 @@ def _native(x, ref, device):
     return pg.native_contacts(x, ref, selection="ca", cutoff=8.0, device=device).q_hard
 
 
+def _saved(x, ref, device):
+    """pg.save (an output function) through the front door: what it wrote, loaded back."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        return pg.load(pg.save(x, Path(d) / "out.pdb")).coords
+
+
 # name -> (call(form, reference Structure, device) -> array, needs atom tables)
 FUNCTIONS = {
+    "save": (_saved, True),
     "distances": (lambda x, ref, device: pg.distances(x, device=device), False),
     "rmsd": (lambda x, ref, device: pg.rmsd(x, ref, device=device), False),
     "superpose": (lambda x, ref, device: pg.superpose(x, ref, device=device).rmsd, False),
@@ -195,6 +205,18 @@ def test_every_function_gives_the_same_error(fn, bad, ensemble):
 
 def test_unknown_type_is_named(ensemble):
     s3, ref, _ = ensemble
-    for fn in ("distances", "rmsd", "pairwise_rmsd", "tm_score", "lddt", "consensus_score", "contacts"):
+    for fn in ("distances", "rmsd", "pairwise_rmsd", "tm_score", "lddt", "consensus_score", "contacts", "save"):
         with pytest.raises(InputError, match=r"expected a Structure, a file path, .*; got dict"):
             FUNCTIONS[fn][0]({"x": 1}, ref, "cpu")
+
+
+@pytest.mark.parametrize("value, message", [(np.nan, "NaN or infinite"), (-np.inf, "NaN or infinite"),
+                                            (1e30, r"coordinates beyond ±1e\+06 Angstrom")])
+def test_save_refuses_bad_coordinates_and_writes_nothing(value, message, ensemble, tmp_path):
+    """A Structure's coordinates can be changed in place after it was checked: save checks them again."""
+    s3, _, _ = ensemble
+    broken = pg.Structure(s3.coords.copy(), s3.atoms, source="broken")
+    broken.coords[1, 4, 2] = value
+    with pytest.raises(InputError, match=rf"broken: {message} .*in frame 1 \(atom 4\)"):
+        pg.save(broken, tmp_path / "out.pdb")
+    assert list(tmp_path.iterdir()) == []

@@ -283,8 +283,9 @@ def save(structure, path) -> Path:
 
     Parameters
     ----------
-    structure : Structure
-        Coordinates in Angstrom, as everywhere in protgpu.
+    structure : Structure, path, mdtraj.Trajectory, Bio.PDB entity, or a list of these
+        Anything with atom tables (a list is stacked as frames, as :func:`protgpu.load` does);
+        coordinates in Angstrom, as everywhere in protgpu.
     path : str or os.PathLike
         ``.pdb`` / ``.ent`` or ``.cif`` / ``.mmcif`` (optionally ``.gz``): written through gemmi,
         with the atom table (names, elements, residues, chains, segment ids, HETATM flags) and
@@ -302,8 +303,8 @@ def save(structure, path) -> Path:
     Raises
     ------
     InputError
-        Not a Structure, an unsupported suffix (the supported ones are listed), or the folder of
-        ``path`` does not exist.
+        Input without atom names (a bare coordinate array), NaN, infinite or out-of-range coordinates,
+        an unsupported suffix (the supported ones are listed), or the folder of ``path`` does not exist.
 
     Examples
     --------
@@ -314,8 +315,11 @@ def save(structure, path) -> Path:
     >>> pg.load(out).n_atoms
     214
     """
-    if not isinstance(structure, Structure):
-        raise InputError(f"{path}: save needs a Structure, not {type(structure).__name__}")
+    from .._inputs import as_structure, check_finite, source_name
+
+    # the front door: a Structure, path, mdtraj or Bio.PDB object, or a list of them (stacked as frames)
+    structure = as_structure(structure, "structure")
+    check_finite(structure.coords, source_name(structure, "structure"))
     dest = Path(path)
     ext, gz = split_ext(dest)
     if ext in PDB_EXTENSIONS or ext in MMCIF_EXTENSIONS:

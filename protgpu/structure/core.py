@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 
+from .._inputs import check_finite
 from ..errors import InputError
 from .selection import select_mask
 from .tables import AtomTable, ResidueTable, residue_table
@@ -75,10 +76,7 @@ class Structure:
             raise InputError(f"{where}: coordinates must have shape (frames, atoms, 3), got {np.shape(coords)}")
         if xyz.shape[1] != len(atoms):
             raise InputError(f"{where}: {xyz.shape[1]} atoms in the coordinates but {len(atoms)} in the atom table")
-        finite = np.isfinite(xyz)
-        if not finite.all():
-            f, a = np.argwhere(~finite.all(axis=2))[0]
-            raise InputError(f"{where}: non-finite coordinate (NaN or inf) at frame {f}, atom {a}")
+        check_finite(xyz, where)  # the front door's one check and wording
         n_frames = xyz.shape[0]
         if box is not None:
             b = np.asarray(box, dtype=np.float32)

@@ -152,7 +152,7 @@ def test_save_errors(tmp_path, adk):
         pg.save(adk, tmp_path / "a.txt")
     with pytest.raises(InputError, match=r"cannot write '\.xtc\.gz'"):
         pg.save(adk, tmp_path / "a.xtc.gz")
-    with pytest.raises(InputError, match="needs a Structure"):
+    with pytest.raises(InputError, match="no atom names or residues; pass a Structure"):  # the front door's words
         pg.save(adk.coords, tmp_path / "a.pdb")
     with pytest.raises(InputError, match="does not exist"):
         pg.save(adk, tmp_path / "no" / "a.pdb")
