@@ -12,12 +12,12 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
-import stat
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import InputError
+from ..io._files import open_regular
 from ..io.formats import readable_suffixes
 
 
@@ -147,50 +147,11 @@ def expand_inputs(items, *, extensions=None) -> list[str]:
     return ExpandedInputs(out)
 
 
-#: Largest input file the engine reads (hashes); ``$PROTGPU_MAX_INPUT_BYTES`` overrides it.
-MAX_INPUT_BYTES = 1 << 36
-
-
-def max_input_bytes() -> int:
-    """The size cap of an input file: ``$PROTGPU_MAX_INPUT_BYTES``, else :data:`MAX_INPUT_BYTES` (64 GiB)."""
-    try:
-        return int(os.environ.get("PROTGPU_MAX_INPUT_BYTES") or MAX_INPUT_BYTES)
-    except ValueError:
-        return MAX_INPUT_BYTES
-
-
-def _open_regular(path, max_bytes: int | None) -> int:
-    """A read-only descriptor of ``path`` after fstat says it is a regular file of at most ``max_bytes``.
-    Opened non-blocking, so that a named pipe with no writer does not hang the open itself."""
-    name = display_path(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    except FileNotFoundError:
-        raise InputError(f"{name}: no such file") from None
-    except OSError as exc:
-        raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a named pipe" if stat.S_ISFIFO(st.st_mode)
-                    else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
-                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a plain file")
-            raise InputError(f"{name}: not a regular file ({kind})")
-        if max_bytes is not None and st.st_size > max_bytes:
-            raise InputError(f"{name}: {st.st_size} bytes, more than the {max_bytes} an input may have "
-                             "($PROTGPU_MAX_INPUT_BYTES)")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def regular_file_or_error(path, max_bytes: int | None = None) -> int:
     """The size of ``path`` when it is a regular file (a symbolic link to one is fine) of at most
-    ``max_bytes``; otherwise an :class:`InputError` naming it. A named pipe, a device (``/dev/zero``),
-    a socket or a directory is refused without reading from it.
+    ``max_bytes`` (no limit by default); otherwise an :class:`InputError` naming it. A named pipe, a
+    device (``/dev/zero``), a socket or a directory is refused without reading from it
+    (:func:`protgpu.io._files.open_regular`, the loaders' own check).
 
     Examples
     --------
@@ -199,11 +160,11 @@ def regular_file_or_error(path, max_bytes: int | None = None) -> int:
     ...
     protgpu.errors.InputError: /dev/zero: not a regular file (a device)
     """
-    fd = _open_regular(path, max_bytes)
-    try:
-        return os.fstat(fd).st_size
-    finally:
-        os.close(fd)
+    fd, st = open_regular(path, display_path(path))
+    os.close(fd)
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise InputError(f"{display_path(path)}: {st.st_size} bytes, more than the {max_bytes} allowed")
+    return st.st_size
 
 
 def display_path(path) -> str:
@@ -266,7 +227,7 @@ def file_sha256(path, chunk: int = 1 << 20, max_bytes: int | None = None) -> str
     chunk : int
         Read size, bytes.
     max_bytes : int, optional
-        Largest size accepted; default :func:`max_input_bytes`.
+        Largest size accepted; default: no limit (a regular file ends).
 
     Raises
     ------
@@ -288,17 +249,20 @@ def file_sha256(path, chunk: int = 1 << 20, max_bytes: int | None = None) -> str
     >>> file_sha256(path)
     'ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad'
     """
-    cap = max_input_bytes() if max_bytes is None else max_bytes
+    fd, st = open_regular(path, display_path(path))  # a pipe or /dev/zero would be read forever
+    if max_bytes is not None and st.st_size > max_bytes:
+        os.close(fd)
+        raise InputError(f"{display_path(path)}: {st.st_size} bytes, more than the {max_bytes} allowed")
     h = hashlib.sha256()
     n = 0
-    with os.fdopen(_open_regular(path, cap), "rb") as fh:
+    with os.fdopen(fd, "rb") as fh:
         while True:
             b = fh.read(chunk)
             if not b:
                 break
             n += len(b)
-            if n > cap:  # the file grew while read
-                raise InputError(f"{display_path(path)}: more than the {cap} bytes an input may have")
+            if max_bytes is not None and n > max_bytes:  # the file grew while read
+                raise InputError(f"{display_path(path)}: more than the {max_bytes} bytes allowed")
             h.update(b)
     return h.hexdigest()
 

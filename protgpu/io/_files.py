@@ -56,22 +56,26 @@ def _too_big(name: str, what: str) -> InputError:
     )
 
 
-def _open_regular(name: str) -> tuple[int, os.stat_result]:
-    """An open descriptor of ``name`` and its fstat, if it is a regular file (after symlinks).
+def open_regular(path, shown: str | None = None) -> tuple[int, os.stat_result]:
+    """An open descriptor of ``path`` and its fstat, if it is a regular file (after symlinks): the one
+    check that loading and the batch engine's hashing share.
 
     Opened with O_NONBLOCK, so that a named pipe does not block the open; the mode is then checked
-    on the open descriptor (no race between a check and the open)."""
+    on the open descriptor (no race between a check and the open). ``shown`` is the name messages
+    use (default: ``path``).
+    """
+    name = shown or str(path)
     flags = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(name, flags)
+        fd = os.open(path, flags)
     except FileNotFoundError:
-        if os.path.islink(name):
+        if os.path.islink(path):
             raise InputError(f"{name}: broken symbolic link (its target does not exist)") from None
         raise InputError(f"{name}: no such file") from None
     except IsADirectoryError:
         raise InputError(f"{name}: is a directory, not a structure file") from None
     except OSError as exc:
-        if os.path.isdir(name):
+        if os.path.isdir(path):
             raise InputError(f"{name}: is a directory, not a structure file") from None
         raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
     st = os.fstat(fd)
@@ -79,7 +83,10 @@ def _open_regular(name: str) -> tuple[int, os.stat_result]:
         os.close(fd)
         if stat.S_ISDIR(st.st_mode):
             raise InputError(f"{name}: is a directory, not a structure file")
-        raise InputError(f"{name}: not a regular file (a pipe, device or socket); only regular files are read")
+        kind = ("a named pipe" if stat.S_ISFIFO(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a plain file")
+        raise InputError(f"{name}: not a regular file ({kind})")
     if hasattr(os, "set_blocking"):
         os.set_blocking(fd, True)
     return fd, st
@@ -87,7 +94,7 @@ def _open_regular(name: str) -> tuple[int, os.stat_result]:
 
 def check_file(path) -> None:
     """Raise InputError unless ``path`` is an existing, non-empty regular file (symlinks followed)."""
-    fd, st = _open_regular(str(path))
+    fd, st = open_regular(path)
     os.close(fd)
     if st.st_size == 0:
         raise InputError(f"{path}: file is empty")
@@ -118,7 +125,7 @@ def read_bytes(path, gz: bool = False) -> bytes:
         :func:`max_input_bytes` (before or after decompression), or a corrupt compressed stream.
     """
     name = str(path)
-    fd, st = _open_regular(name)
+    fd, st = open_regular(name)
     cap = max_input_bytes()
     try:
         if st.st_size > cap:
