@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._array import is_cupy_array, to_numpy
+from .._autograd import wants_grad
 from .._memory import device_budget_bytes, rows_per_chunk
 from .._threads import blas_threads, cpu_threads
 from ..errors import InputError
@@ -428,6 +429,10 @@ def rmsd(mobile, reference, *, fit=None, atoms=None, weights=None, ref_frame: in
     >>> float(rmsd(x @ rot.T + 5.0, x, device="cpu")[0]) < 1e-6
     True
     """
+    if wants_grad(mobile, reference, weights):
+        from .differentiable import rmsd_with_grad
+
+        return rmsd_with_grad(mobile, reference, fit, atoms, weights, ref_frame, device, want_superpose=False)
     be, res, squeeze = _run_rmsd(mobile, reference, fit, atoms, weights, ref_frame, device, False)
     return be.wrap(res[0])
 
@@ -466,6 +471,10 @@ def superpose(mobile, reference, *, fit=None, atoms=None, weights=None, ref_fram
     >>> bool(np.allclose(res.coords[0], x)), bool(np.allclose(res.rotation[0], rot.T))
     (True, True)
     """
+    if wants_grad(mobile, reference, weights):
+        from .differentiable import rmsd_with_grad
+
+        return rmsd_with_grad(mobile, reference, fit, atoms, weights, ref_frame, device, want_superpose=True)
     be, res, squeeze = _run_rmsd(mobile, reference, fit, atoms, weights, ref_frame, device, True)
     r, rot, t, coords = res
     return be.wrap(SuperposeResult(coords, rot, t, r))
