@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._array import dispatch, to_numpy
+from ._autograd import refuse_grad_of, single_tensor, wants_grad
 from ._inputs import check_finite, check_shape, coordinates, host_view
 from ._memory import check_host_fits, device_budget_bytes, rows_per_chunk
 from ._pbc import PBC_NONE, PBC_ORTHO, PBC_TRICLINIC, minimum_image_numpy, normalize_box
@@ -273,6 +274,15 @@ def distances(x, y=None, *, pairs=None, box=None, out=None, device: str = "auto"
     MemoryBudgetError
         The result cannot fit in host memory (raised before anything is allocated).
 
+    Notes
+    -----
+    Differentiable with respect to ``x`` and ``y`` when they are torch tensors that require grad: the
+    forward pass is the one above (the same numbers), the backward pass torch operations,
+    ``dd_ij/dx_i = -(y_j - x_i)' / d_ij`` with ``'`` the minimum image the forward measured (so the
+    gradient of a periodic distance points along the wrapped displacement). A distance of 0 (an atom
+    to itself, coincident atoms) is the tip of a cone: its gradient is 0. Not with respect to ``box``
+    (an error if it requires grad), and not with ``out=``.
+
     Examples
     --------
     >>> import numpy as np, protgpu as pg
@@ -282,6 +292,8 @@ def distances(x, y=None, *, pairs=None, box=None, out=None, device: str = "auto"
     >>> pg.distances(x, pairs=[[0, 1]], box=[4.0, 4.0, 4.0], device="cpu")
     array([1.], dtype=float32)
     """
+    if wants_grad(x, y, box):
+        return _distances_with_grad(x, y, pairs, box, out, device)
     x, _, xname = coordinates(x, "x")
     if y is not None:
         y, _, yname = coordinates(y, "y")
@@ -319,3 +331,131 @@ def distances(x, y=None, *, pairs=None, box=None, out=None, device: str = "auto"
         res = res[0]
     return be.wrap(res)
 
+
+
+# --------------------------------------------------------------------------------------------------
+# Gradients for torch tensors that require grad
+
+
+def _minimum_image_torch(d, vec, inv, mode):
+    """The torch twin of :func:`protgpu._pbc.minimum_image_numpy` (same rules), for the backward pass:
+    displacements ``d`` (..., 3) with one box's ``vec`` / ``inv`` (3, 3) tensors."""
+    import torch
+
+    if mode == PBC_ORTHO:
+        lengths = torch.diagonal(vec)
+        return d - lengths * torch.round(d * torch.diagonal(inv))
+    s = d @ inv
+    d = (s - torch.round(s)) @ vec
+    grid = torch.tensor([-1.0, 0.0, 1.0], dtype=d.dtype, device=d.device)
+    shifts = torch.cartesian_prod(grid, grid, grid) @ vec  # (27, 3)
+    images = d[..., None, :] + shifts
+    best = (images * images).sum(-1).argmin(-1)
+    return torch.take_along_dim(images, best[..., None, None], dim=-2)[..., 0, :]
+
+
+def _distances_grad_input(a, dev):
+    import torch
+
+    t = a if isinstance(a, torch.Tensor) else torch.as_tensor(np.asarray(to_numpy(a)))
+    t = t.to(dev)
+    return t if t.is_floating_point() else t.to(torch.float64)
+
+
+def _distances_with_grad(x, y, pairs, box, out, device):
+    """:func:`distances` when ``x`` or ``y`` is a torch tensor that requires grad (see its Notes)."""
+    import torch
+
+    single_tensor(x, "x", "pg.distances")
+    single_tensor(y, "y", "pg.distances")
+    refuse_grad_of("pg.distances", "box", box)
+    if out is not None:
+        raise InputError("out= holds a host copy, which cuts the graph: call without out= when inputs require grad")
+    x, _, _ = coordinates(x, "x")
+    y = None if y is None else coordinates(y, "y")[0]
+    dev = next(a.device for a in (x, y) if isinstance(a, torch.Tensor) and a.requires_grad)
+    xt = _distances_grad_input(x, dev)
+    yt = None if y is None else _distances_grad_input(y, dev)
+    if yt is not None:
+        yt = yt.to(xt.dtype if xt.dtype == torch.float64 else yt.dtype)
+    # the forward: distances() itself on detached inputs (validation, kernels, dtype rules)
+    res = distances(xt.detach(), None if yt is None else yt.detach(), pairs=pairs, box=box, device=device)
+    res = res.to(dev)
+    squeeze = xt.ndim == 2
+    n_frames = 1 if squeeze else xt.shape[0]
+    pairs_a = None if pairs is None else torch.as_tensor(_check_pairs(pairs, xt.shape[-2], n_frames), device=dev)
+    return _distance_function().apply(xt, yt, res, pairs_a, box)
+
+
+_DISTANCE_FUNCTION = []
+
+
+def _distance_function():
+    """The autograd Function (built on first use: torch is optional)."""
+    if _DISTANCE_FUNCTION:
+        return _DISTANCE_FUNCTION[0]
+    import torch
+
+    class _Distances(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y, res, pairs, box):
+            ctx.save_for_backward(x, y, res, pairs)
+            ctx.box = box
+            return res.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, y, res, pairs = ctx.saved_tensors
+            gx, gy = _distances_backward(x, y, res, pairs, ctx.box, grad)
+            return (gx if ctx.needs_input_grad[0] else None), (gy if ctx.needs_input_grad[1] else None), \
+                None, None, None
+
+    _DISTANCE_FUNCTION.append(_Distances)
+    return _Distances
+
+
+def _distances_backward(x, y, res, pairs, box, grad):
+    """Gradients of the distances ``res`` with respect to ``x`` and ``y`` (None when absent), torch."""
+    import torch
+
+    squeeze = x.ndim == 2
+    x3 = x[None] if squeeze else x
+    g = (grad[None] if squeeze else grad).to(x.dtype)
+    d = (res[None] if squeeze else res).to(x.dtype)
+    n_frames = x3.shape[0]
+    vec, inv, mode = normalize_box(box, n_frames)
+    if mode:
+        vec_t = torch.as_tensor(vec, dtype=x.dtype, device=x.device)
+        inv_t = torch.as_tensor(inv, dtype=x.dtype, device=x.device)
+    # d(d_ij)/d(end point) is the unit displacement; the cone's tip (d = 0) gives 0
+    wgt = torch.where(d > 0, g / torch.where(d > 0, d, 1.0), 0.0)
+    if pairs is not None:
+        a, b = pairs[:, 0], pairs[:, 1]
+        disp = x3[:, b] - x3[:, a]
+        if mode:
+            disp = torch.stack([_minimum_image_torch(disp[f], vec_t[min(f, len(vec) - 1)],
+                                                     inv_t[min(f, len(vec) - 1)], mode) for f in range(n_frames)])
+        gk = wgt[..., None] * disp
+        gx = torch.zeros_like(x3).index_add_(1, b, gk).index_add_(1, a, -gk)
+        return (gx[0] if squeeze else gx), None
+    y3 = x3 if y is None else (y[None] if y.ndim == 2 else y)
+    if not mode:
+        # sum_j w_ij (x_i - y_j) without the (F, N, M, 3) displacements
+        gx = x3 * wgt.sum(-1, keepdim=True) - wgt @ y3
+        gy = y3 * wgt.sum(-2)[..., None] - wgt.transpose(-1, -2) @ x3
+    else:
+        gx = torch.empty_like(x3)
+        gy = torch.empty((n_frames, *y3.shape[1:]), dtype=x3.dtype, device=x3.device)
+        for f in range(n_frames):
+            b = min(f, len(vec) - 1)
+            disp = _minimum_image_torch(y3[min(f, len(y3) - 1)][None, :, :] - x3[f][:, None, :], vec_t[b], inv_t[b],
+                                        mode)
+            wd = wgt[f][..., None] * disp
+            gx[f], gy[f] = -wd.sum(1), wd.sum(0)
+    if y is None:
+        return ((gx + gy)[0] if squeeze else gx + gy), None
+    if len(y3) == 1 and n_frames > 1:
+        gy = gy.sum(0, keepdim=True)
+    gx = gx[0] if squeeze else gx
+    gy = gy[0] if y.ndim == 2 else gy
+    return gx, gy.to(y.dtype)
