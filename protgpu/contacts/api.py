@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 
 from .._array import dispatch, get_namespace, to_numpy
+from .._autograd import refuse_grad
 from .._inputs import as_structure
 from .._memory import check_host_fits
 from ..errors import InputError
@@ -114,6 +115,7 @@ def contacts(structure, *, scheme: str = "closest-heavy", cutoff: float = 4.5, m
     >>> bool((cm.distances[0] == cm.distances[0].T).all())
     True
     """
+    refuse_grad("pg.contacts", structure, coords)
     check_parameters(scheme=scheme, cutoff=cutoff, min_separation=min_separation, output=output)
     s = as_structure(structure, "structure", top=top)
     what = s.source or "structure"
@@ -231,6 +233,7 @@ def native_contacts(trajectory, reference, *, selection="heavy", cutoff: float =
     >>> q.q_soft.round(2).tolist()
     [1.0, 0.99, 0.96, 0.94, 0.94]
     """
+    refuse_grad("pg.native_contacts", trajectory, reference)
     from ..distances import distances
 
     traj = as_structure(trajectory, "trajectory", top=top)

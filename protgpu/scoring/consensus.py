@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._array import dispatch, is_torch_tensor
+from .._autograd import refuse_grad
 from .._inputs import as_array, as_structure, check_finite, has_topology, host_view, is_structure, source_name
 from .._memory import check_host_fits, device_budget_bytes, format_bytes, rows_per_chunk
 from ..errors import InputError, MemoryBudgetError
@@ -520,6 +521,7 @@ def consensus_score(models, *, temperature: float = DEFAULT_TEMPERATURE, d0: flo
     >>> s.shape, bool(np.isclose(s[0], s[1])), int(np.argmin(s))
     ((4,), True, 3)
     """
+    refuse_grad("pg.consensus_score", models)
     x, _names = _model_coords(models)
     be = dispatch(x, device=device)
     _m, n = _check_coords(x)

@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._array import dispatch, to_numpy
+from .._autograd import refuse_grad, refuse_grad_of
 from .._inputs import source_name
 from ..errors import InputError
 from ..structure import Structure
 from . import _batch
 from . import _mapping as mp
+from . import _smooth_lddt as sl
 
 # The layers under lddt() (lddt_inputs, lddt_reference, lddt_counts_numpy / lddt_counts_cuda,
 # resolve_symmetry_numpy, lddt_scores, LDDTReference) stay importable by name for tests and
@@ -412,7 +414,8 @@ def lddt_scores(counts, ref: LDDTReference, n_thresholds: int, xp=np):
 
 
 def lddt(models, reference, *, atoms: str = "heavy", per_residue: bool = False, inclusion_radius: float = 15.0,
-         thresholds=(0.5, 1.0, 2.0, 4.0), symmetry: bool = True, mapping="resnum", device: str = "auto"):
+         thresholds=(0.5, 1.0, 2.0, 4.0), symmetry: bool = True, mapping="resnum", device: str = "auto",
+         smooth: bool = False, temperature: float = 1.0):
     """lDDT of models against a reference (OpenStructure's conventions; biotite's with symmetry=False).
 
     Parameters
@@ -438,6 +441,17 @@ def lddt(models, reference, *, atoms: str = "heavy", per_residue: bool = False, 
         How model residues are matched to the reference's (see :func:`protgpu.scoring.tm_score`).
         Atoms match by name within matched residues (CHARMM/GROMOS names are translated).
     device : {"auto", "cpu", "gpu"}
+    smooth : bool
+        The smooth lDDT (AlphaFold 3's training loss, Abramson et al. 2024, supplement Algorithm 27):
+        each test ``|d_model - d_ref| <= t`` becomes ``sigmoid((t - |d_model - d_ref|) / temperature)``,
+        averaged over the thresholds and the pairs (per residue: the pairs touching it) exactly as the
+        counts are. Differentiable with respect to ``models`` when it is one torch tensor that requires
+        grad (not with respect to ``reference``). Symmetric side chains are swapped as the exact lDDT
+        swaps them. As ``temperature`` -> 0 the value tends to the exact lDDT (a pair exactly at a
+        threshold counts 1/2). The default ``smooth=False`` is the exact, non-differentiable lDDT.
+    temperature : float
+        T of the sigmoids, Angstrom (AlphaFold 3 uses 1; only with ``smooth=True``). At T = 1 even a
+        perfect model scores about 0.80: the loss is 1 - smooth lDDT, its optimum is the reference.
 
     Returns
     -------
@@ -445,6 +459,9 @@ def lddt(models, reference, *, atoms: str = "heavy", per_residue: bool = False, 
     per_residue : float64 array of shape (M, R) (or (R,)), only with ``per_residue=True``
         R: the reference's polymer residues in file order (labels: :func:`lddt_residue_labels`). NaN for
         residues absent from the model and residues with no pair.
+
+    With ``smooth=True`` and one torch tensor of models, the results are torch tensors of its dtype (a
+    0-d tensor for one model), with a ``grad_fn`` when it requires grad; otherwise as above.
 
     Raises
     ------
@@ -465,10 +482,14 @@ def lddt(models, reference, *, atoms: str = "heavy", per_residue: bool = False, 
         raise InputError(f"thresholds: 1 to {_MAX_THRESHOLDS} non-negative distances, got {thresholds}")
     if not inclusion_radius > 0:
         raise InputError(f"inclusion_radius must be positive, got {inclusion_radius}")
+    if smooth:
+        return _lddt_smooth(models, reference, atoms, per_residue, inclusion_radius, thresholds, symmetry, mapping,
+                            device, temperature)
+    refuse_grad("pg.lddt (smooth=False)", models, reference)
     items = models if isinstance(models, (list, tuple)) else [models]
     be = dispatch(*items, reference, device=device)
-    ref, batch, single = _prepare(models, reference, atoms, inclusion_radius, mapping, be,
-                                  _batch.work_dtype(models, reference))
+    ref, batch, single, _ = _prepare(models, reference, atoms, inclusion_radius, mapping, be,
+                                     _batch.work_dtype(models, reference))
     if be.on_gpu:
         counts = lddt_counts_cuda(batch.coords, ref, thresholds, symmetry)
     else:
@@ -494,8 +515,8 @@ def lddt_inputs(models, reference, *, atoms: str = "heavy", inclusion_radius: fl
         NaN where a model lacks an atom.
     names : list of str
     """
-    ref, batch, _ = _prepare(models, reference, atoms, inclusion_radius, mapping, dispatch(device="cpu"),
-                             np.dtype(dtype))
+    ref, batch, _, _ = _prepare(models, reference, atoms, inclusion_radius, mapping, dispatch(device="cpu"),
+                                np.dtype(dtype))
     return ref, batch.coords, batch.names
 
 
@@ -513,7 +534,36 @@ def _prepare(models, reference, atoms, inclusion_radius, mapping, be, dtype):
         ref, info, ref_atoms = _structure_reference(ref_s, atoms, inclusion_radius)
     groups, single = _batch.collect_models(models, ref_s)
     batch = _batch.atom_batch(groups, ref_s, info, ref_atoms, mapping, be, dtype)
-    return ref, batch, single
+    return ref, batch, single, (ref_s, info, ref_atoms)
+
+
+def _lddt_smooth(models, reference, atoms, per_residue, inclusion_radius, thresholds, symmetry, mapping, device,
+                 temperature):
+    """:func:`lddt` with ``smooth=True`` (see :mod:`._smooth_lddt`)."""
+    temperature = sl.check_temperature(temperature)
+    refuse_grad_of("pg.lddt", "reference", reference)
+    items = models if isinstance(models, (list, tuple)) else [models]
+    be = dispatch(*items, reference, device=device)
+    ref, batch, single, (ref_s, info, ref_atoms) = _prepare(models, reference, atoms, inclusion_radius, mapping, be,
+                                                            _batch.work_dtype(models, reference))
+    torch_in = be.kind.startswith("torch") and not isinstance(models, (list, tuple))
+    if torch_in:  # the caller's tensor, graph kept, on the scored atoms
+        x = sl.torch_layout(models, ref_s, ref_atoms, info, mapping)
+        if not x.is_floating_point():
+            x = x.double()
+    else:
+        x = batch.coords if be.on_gpu else batch.coords.astype(np.float64)
+    if symmetry and ref.n_groups:
+        x = sl.gather_atoms(x, sl.symmetry_permutation(batch.coords, ref, thresholds))
+    glob, per = sl.smooth_scores(x, ref, thresholds, temperature)
+    if torch_in:
+        if single:
+            glob, per = glob[0], per[0]
+    else:
+        glob, per = be.wrap((glob, per))
+        if single:
+            glob, per = _batch.first_model(glob), per[0]
+    return (glob, per) if per_residue else glob
 
 
 def lddt_residue_labels(reference) -> list[str]:

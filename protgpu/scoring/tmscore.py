@@ -33,6 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._array import dispatch
+from .._autograd import refuse_grad
 from .._threads import blas_threads
 from ..errors import InputError
 from . import _batch
@@ -502,6 +503,7 @@ def tm_score(models, reference, *, normalize_by="reference", mapping="resnum", d
     >>> round(r.tm, 6), round(r.gdt_ts, 6), r.n_aligned
     (1.0, 1.0, 60)
     """
+    refuse_grad("pg.tm_score", models, reference)
     be = dispatch(*[m for m in (models if isinstance(models, (list, tuple)) else [models])],
                   reference, device=device)
     dtype = _batch.work_dtype(models, reference)
@@ -600,5 +602,6 @@ def gdt(models, reference, *, mapping="resnum", device: str = "auto"):
     >>> round(ts, 3), round(ha, 3)
     (0.577, 0.415)
     """
+    refuse_grad("pg.gdt", models, reference)
     r = tm_score(models, reference, mapping=mapping, device=device)
     return r.gdt_ts, r.gdt_ha

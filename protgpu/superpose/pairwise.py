@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._array import dispatch, is_cupy_array, to_numpy
+from .._autograd import refuse_grad
 from .._inputs import check_finite, check_shape, coordinates, host_view
 from ..errors import InputError
 from ._prepare import resolve_selection, resolve_weights
@@ -97,6 +98,7 @@ def pairwise_rmsd(x, y=None, *, fit=None, weights=None, out=None, precision: str
     >>> d.shape, bool(np.allclose(d, d.T)), float(d[0, 0])
     ((4, 4), True, 0.0)
     """
+    refuse_grad("pg.pairwise_rmsd", x, y, weights)
     if precision not in ("float32", "float64"):
         raise InputError(f"precision must be 'float32' or 'float64', not {precision!r}")
     if condensed and y is not None:
