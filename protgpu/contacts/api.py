@@ -233,7 +233,7 @@ def native_contacts(trajectory, reference, *, selection="heavy", cutoff: float =
     >>> q.q_soft.round(2).tolist()
     [1.0, 0.99, 0.96, 0.94, 0.94]
     """
-    refuse_grad("pg.native_contacts", trajectory, reference)
+    refuse_grad("pg.native_contacts", trajectory, reference, coords)
     from ..distances import distances
 
     traj = as_structure(trajectory, "trajectory", top=top)
