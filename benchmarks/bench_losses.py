@@ -1,0 +1,86 @@
+"""RMSD / superpose forward vs forward + backward on CUDA (issue 20: backward <= 2x forward), with torch-only
+anchors in the same run: a Kabsch by SVD with autograd through it.
+
+Usage: ``python benchmarks/bench_losses.py [--frames 10000] [--atoms 300] [--repeat 20]``; writes
+``benchmarks/results/losses-<gpu>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+
+import numpy as np
+import torch
+
+import protgpu as pg
+
+
+def _time(fn, repeat):
+    fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def kabsch_torch(x, y):
+    """RMSD and superposed coordinates by SVD in torch (autograd through torch.linalg.svd)."""
+    xc, yc = x - x.mean(-2, keepdim=True), y - y.mean(-2, keepdim=True)
+    u, _, vt = torch.linalg.svd(yc.transpose(-1, -2) @ xc)
+    d = torch.sign(torch.linalg.det(u @ vt))
+    s = torch.ones_like(u[..., 0])
+    s = torch.cat([s[..., :2], d[..., None]], -1)
+    rot = u @ (s[..., :, None] * vt)
+    aligned = xc @ rot.transpose(-1, -2) + y.mean(-2, keepdim=True)
+    return ((aligned - y) ** 2).sum((-1, -2)).div(x.shape[-2]).sqrt(), aligned
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--frames", type=int, default=10000)
+    ap.add_argument("--atoms", type=int, default=300)
+    ap.add_argument("--repeat", type=int, default=20)
+    a = ap.parse_args()
+    rng = np.random.default_rng(0)
+    y = torch.tensor(rng.normal(size=(a.atoms, 3)) * 10, device="cuda")
+    x0 = y + torch.tensor(rng.normal(size=(a.frames, a.atoms, 3)), device="cuda")
+    rows = []
+    for dt in (torch.float32, torch.float64):
+        x = x0.to(dt).requires_grad_()
+        yy = y.to(dt)
+        cases = {
+            "pg.rmsd": lambda: pg.rmsd(x, yy).sum(),
+            "pg.superpose coords": lambda: pg.superpose(x, yy).coords.sum(),
+            "torch Kabsch (SVD) rmsd": lambda: kabsch_torch(x, yy)[0].sum(),
+            "torch Kabsch (SVD) coords": lambda: kabsch_torch(x, yy)[1].sum(),
+        }
+        for name, f in cases.items():
+            with torch.no_grad():
+                fwd = _time(f, a.repeat)
+
+            def fb(f=f):
+                x.grad = None
+                f().backward()
+
+            both = _time(fb, a.repeat)
+            rows.append({"case": name, "dtype": str(dt).replace("torch.", ""), "forward_ms": 1e3 * fwd,
+                         "forward_backward_ms": 1e3 * both, "backward_over_forward": (both - fwd) / fwd})
+            print(f"{name:28s} {rows[-1]['dtype']:8s} fwd {1e3 * fwd:8.3f} ms  fwd+bwd {1e3 * both:8.3f} ms  "
+                  f"bwd/fwd {rows[-1]['backward_over_forward']:.2f}")
+    gpu = torch.cuda.get_device_name().replace(" ", "-")
+    out = pathlib.Path(__file__).parent / "results" / f"losses-{gpu}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"frames": a.frames, "atoms": a.atoms, "torch": torch.__version__,
+                               "protgpu": pg.__version__, "rows": rows}, indent=1))
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()
