@@ -12,6 +12,7 @@ GPU kernel will follow too.
 from __future__ import annotations
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 # Secondary structure codes as TM-align writes them.
 COIL, HELIX, TURN, STRAND = "C", "H", "T", "E"
@@ -89,8 +90,9 @@ def nw_align(score, gap_open) -> np.ndarray:
     follows the same choices. Values are sums in the reference code's order, so equal inputs give
     equal bits.
     """
-    s = np.asarray(score, dtype=np.float64)
+    s = np.ascontiguousarray(score, dtype=np.float64)
     b, l1, l2 = s.shape
+    flat = s.reshape(b, l1 * l2)
     gap = np.broadcast_to(np.asarray(gap_open, dtype=np.float64), (b,))[:, None]
     # Diagonal k holds cells i + j = k, indexed by i (0..L1); only the last two diagonals' values and
     # "came from the diagonal" flags are needed going forward, the moves are kept for the traceback.
@@ -100,8 +102,10 @@ def nw_align(score, gap_open) -> np.ndarray:
     v2 = np.zeros((b, l1 + 1))
     for k in range(2, l1 + l2 + 1):
         lo, hi = max(1, k - l2), min(l1, k - 1)
-        i = np.arange(lo, hi + 1)
-        d = v2[:, lo - 1:hi] + s[:, i - 1, k - i - 1]
+        # cells (i - 1, k - i - 1) of the score matrix, i = lo..hi: a strided view, L2 - 1 apart
+        first = (lo - 1) * l2 + (k - lo - 1)
+        diag_s = as_strided(flat[:, first:], shape=(b, hi - lo + 1), strides=(flat.strides[0], (l2 - 1) * 8))
+        d = v2[:, lo - 1:hi] + diag_s
         h = v1[:, lo - 1:hi] + np.where(p1[:, lo - 1:hi], gap, 0.0)  # from (i-1, j)
         v = v1[:, lo:hi + 1] + np.where(p1[:, lo:hi + 1], gap, 0.0)  # from (i, j-1)
         diag = (d >= h) & (d >= v)
@@ -134,6 +138,20 @@ def _traceback(moves: np.ndarray, l1: int, l2: int) -> np.ndarray:
         j[act] = ja - (mv != _UP)
 
 
+def transform(x, rot, trans) -> np.ndarray:
+    """Superposed coordinates ``x @ rot.T + trans`` for B superpositions, shape (B, L, 3), summed in the
+    reference code's order (u_k0 x_0 + u_k1 x_1 + u_k2 x_2, then + t_k) so that equal superpositions
+    give equal bits."""
+    x = np.asarray(x, np.float64)
+    rot = np.asarray(rot, np.float64)
+    trans = np.asarray(trans, np.float64)
+    out = np.empty((len(rot), len(x), 3))
+    for k in range(3):
+        out[:, :, k] = (rot[:, k, 0:1] * x[None, :, 0] + rot[:, k, 1:2] * x[None, :, 1]
+                        + rot[:, k, 2:3] * x[None, :, 2]) + trans[:, k:k + 1]
+    return out
+
+
 def tm_scores_matrix(x, y, rot, trans, d0: float) -> np.ndarray:
     """DP scores 1 / (1 + d^2 / d0^2) between every superposed mobile residue and every target residue.
 
@@ -151,10 +169,13 @@ def tm_scores_matrix(x, y, rot, trans, d0: float) -> np.ndarray:
     -------
     ndarray, shape (B, L1, L2)
     """
-    xt = np.einsum("bij,nj->bni", np.asarray(rot, np.float64), np.asarray(x, np.float64))
-    xt += np.asarray(trans, np.float64)[:, None, :]
-    diff = xt[:, :, None, :] - np.asarray(y, np.float64)[None, None]
-    d2 = np.einsum("bijk,bijk->bij", diff, diff)
+    xt = transform(x, rot, trans)
+    y = np.asarray(y, np.float64)
+    d2 = None
+    for k in range(3):  # squared differences summed x, y, z in order, as the reference code does
+        dk = xt[:, :, k, None] - y[None, None, :, k]
+        dk *= dk
+        d2 = dk if d2 is None else np.add(d2, dk, out=d2)
     return 1.0 / (1.0 + d2 / (d0 * d0))
 
 

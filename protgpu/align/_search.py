@@ -22,6 +22,7 @@ import numpy as np
 
 from ..scoring._kabsch import superpose_from_sums
 from ..scoring.tmscore import _select, seed_lengths
+from ._dp import transform
 
 #: Extension rounds of one seed in the TM-score search (the reference code's n_it).
 MAX_ROUNDS = 20
@@ -47,9 +48,9 @@ def _fit(w: np.ndarray, x: np.ndarray, y: np.ndarray, pxy: np.ndarray):
 
 def _d2(rot: np.ndarray, trans: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Squared distances (T, n) between the superposed x (one superposition per row) and y."""
-    xt = np.einsum("tij,nj->tni", rot, x) + trans[:, None, :]
-    diff = xt - y[None]
-    return np.einsum("tni,tni->tn", diff, diff)
+    diff = transform(x, rot, trans) - y[None]
+    diff *= diff
+    return (diff[:, :, 0] + diff[:, :, 1]) + diff[:, :, 2]
 
 
 def _scores(d2: np.ndarray, d0: float, score_d8: float | None, norm: float) -> np.ndarray:
