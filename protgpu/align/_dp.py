@@ -65,6 +65,8 @@ def secondary_structure(ca) -> str:
 
 # Traceback moves stored per cell.
 _DIAG, _LEFT, _UP = 0, 1, 2
+# Largest score copy (elements) laid out by anti-diagonals; larger batches read strided views instead.
+_SKEW_ELEMENTS = 4 * 2**20
 
 
 def nw_align(score, gap_open) -> np.ndarray:
@@ -93,6 +95,13 @@ def nw_align(score, gap_open) -> np.ndarray:
     s = np.ascontiguousarray(score, dtype=np.float64)
     b, l1, l2 = s.shape
     flat = s.reshape(b, l1 * l2)
+    skew = None
+    if b * (l1 + l2 + 1) * (l1 + 1) <= _SKEW_ELEMENTS:
+        # small batches: one gather lays every anti-diagonal out contiguously (cells off the matrix
+        # read cell 0 and are never used)
+        k, i = np.meshgrid(np.arange(l1 + l2 + 1), np.arange(l1 + 1), indexing="ij")
+        cell = np.where((i >= 1) & (k - i >= 1) & (k - i <= l2), (i - 1) * l2 + (k - i - 1), 0)
+        skew = flat[:, cell]
     gap = np.broadcast_to(np.asarray(gap_open, dtype=np.float64), (b,))[:, None]
     # Diagonal k holds cells i + j = k, indexed by i (0..L1); only the last two diagonals' values and
     # "came from the diagonal" flags are needed going forward, the moves are kept for the traceback.
@@ -102,9 +111,12 @@ def nw_align(score, gap_open) -> np.ndarray:
     v2 = np.zeros((b, l1 + 1))
     for k in range(2, l1 + l2 + 1):
         lo, hi = max(1, k - l2), min(l1, k - 1)
-        # cells (i - 1, k - i - 1) of the score matrix, i = lo..hi: a strided view, L2 - 1 apart
-        first = (lo - 1) * l2 + (k - lo - 1)
-        diag_s = as_strided(flat[:, first:], shape=(b, hi - lo + 1), strides=(flat.strides[0], (l2 - 1) * 8))
+        # cells (i - 1, k - i - 1) of the score matrix, i = lo..hi: L2 - 1 apart in memory
+        if skew is not None:
+            diag_s = skew[:, k, lo:hi + 1]
+        else:
+            first = (lo - 1) * l2 + (k - lo - 1)
+            diag_s = as_strided(flat[:, first:], shape=(b, hi - lo + 1), strides=(flat.strides[0], (l2 - 1) * 8))
         d = v2[:, lo - 1:hi] + diag_s
         h = v1[:, lo - 1:hi] + np.where(p1[:, lo - 1:hi], gap, 0.0)  # from (i-1, j)
         v = v1[:, lo:hi + 1] + np.where(p1[:, lo:hi + 1], gap, 0.0)  # from (i, j-1)
@@ -123,6 +135,15 @@ def nw_align(score, gap_open) -> np.ndarray:
 def _traceback(moves: np.ndarray, l1: int, l2: int) -> np.ndarray:
     b = moves.shape[0]
     j2i = np.full((b, l2), -1, dtype=np.int64)
+    if b == 1:  # one problem: a scalar walk is cheaper than vector steps
+        mv, i, j = moves[0], l1, l2
+        while i > 0 and j > 0:
+            m = mv[i + j, i]
+            if m == _DIAG:
+                j2i[0, j - 1] = i - 1
+            i -= m != _LEFT
+            j -= m != _UP
+        return j2i
     i = np.full(b, l1)
     j = np.full(b, l2)
     rows = np.arange(b)
