@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 
 from . import batch
 from ._array import gpu_available
+from .align import TMAlignResult, tm_align
 from .attention import attention
 from .contacts import ContactMap, NativeContacts, contacts, native_contacts
 from .distances import distances
@@ -33,6 +34,7 @@ __all__ = [
     "ProtgpuError",
     "Structure",
     "SuperposeResult",
+    "TMAlignResult",
     "TMScoreResult",
     "__version__",
     "batch",
@@ -49,5 +51,6 @@ __all__ = [
     "rmsd",
     "save",
     "superpose",
+    "tm_align",
     "tm_score",
 ]

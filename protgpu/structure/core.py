@@ -262,7 +262,8 @@ class Structure:
 
         ``all``, ``none``; ``protein`` (amino acids, including the MD and modified names of
         :data:`NONSTANDARD_RESNAMES`; caps such as ACE/NME are not protein); ``ca`` (name CA, element
-        C, protein); ``backbone`` (N, CA, C, O of protein); ``heavy`` (element not H or D);
+        C, protein or UNK, an amino acid of unknown type); ``backbone`` (N, CA, C, O of protein);
+        ``heavy`` (element not H or D);
         ``hydrogen``; ``water``; ``hetero`` (HETATM); ``chain A B`` and ``segid X`` (case-sensitive);
         ``resid 10-50`` / ``resid 10:50`` / ``resid 5 7 9`` / ``resid 10 to 50``; ``index 0-9``
         (0-based, inclusive ranges); ``resname ALA GLY``, ``name CA CB``, ``element C N``

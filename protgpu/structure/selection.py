@@ -196,8 +196,10 @@ class _SelectionParser:
         if tok == "heavy":  # neither hydrogen nor a virtual site (TIP4P MW, lone pairs: no element)
             return ~(self.hydrogen() | self.isin("element", VIRTUAL_SITE_ELEMENTS))
         if tok == "ca":
-            # Element C excludes calcium ions named CA.
-            return self.isin("name", ("CA",)) & self.isin("element", ("C",)) & self.protein()
+            # Element C excludes calcium ions named CA. An unknown residue (UNK) with a carbon CA is an
+            # amino acid of unknown type (CA-only models, SCOPe's CA sets): its CA counts.
+            return (self.isin("name", ("CA",)) & self.isin("element", ("C",))
+                    & (self.protein() | self.isin("resname", ("UNK",))))
         # backbone
         return self.isin("name", _BACKBONE_NAMES) & self.protein()
 

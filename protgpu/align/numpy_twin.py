@@ -1,0 +1,386 @@
+"""TM-align in NumPy, stage by stage: the specification of the GPU kernels and the CPU path.
+
+One pair at a time (:func:`tm_align_pair`), each stage batched over its own candidates (threading
+offsets, fragment pairs, seeds). The stages and their parameters are TM-align's (Zhang & Skolnick
+2005; US-align's TMalign code, which tmtools wraps): see ``docs/design/tm-align.md``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .._threads import blas_threads
+from ..scoring._kabsch import superpose
+from ._dp import nw_align, secondary_structure, ss_scores_matrix, tm_scores_matrix
+from ._search import fast_scores, tm_search
+
+#: Memory (bytes) one batch of DP problems may take; larger batches of fragment superpositions are
+#: split.
+DP_BATCH_BYTES = 256 * 2**20
+#: Distance (A) under which an aligned pair is marked ``:`` in the match line (TM-align's d0_out).
+CLOSE_PAIR = 5.0
+
+
+class SearchParameters(NamedTuple):
+    """The parameters of the alignment stages (TM-align's parameter_set4search).
+
+    Attributes
+    ----------
+    l_norm : float
+        min(L1, L2): the search's normalisation length.
+    d0 : float
+        1.24 (L - 15)^(1/3) - 1.8 (0.168 for L <= 19), plus 0.8, for L = l_norm.
+    d0_search : float
+        d0 clamped to [4.5, 8].
+    score_d8 : float
+        1.5 L^0.3 + 3.5: pairs farther than this count for nothing in the search and are left out of
+        the final alignment.
+    dcu0 : float
+        4.25 A: CA-CA distance under which consecutive residues continue a fragment.
+    """
+
+    l_norm: float
+    d0: float
+    d0_search: float
+    score_d8: float
+    dcu0: float
+
+
+def search_parameters(l1: int, l2: int) -> SearchParameters:
+    """TM-align's search parameters for chains of L1 and L2 residues."""
+    ln = float(min(l1, l2))
+    d0 = (0.168 if ln <= 19 else 1.24 * (ln - 15) ** (1.0 / 3) - 1.8) + 0.8
+    return SearchParameters(ln, d0, min(max(d0, 4.5), 8.0), 1.5 * ln**0.3 + 3.5, 4.25)
+
+
+def d0_final(length: float) -> float:
+    """TM-score's d0 for a normalisation length: 1.24 (L - 15)^(1/3) - 1.8, 0.5 for L <= 21, >= 0.5."""
+    if length <= 21:
+        return 0.5
+    return max(1.24 * (length - 15) ** (1.0 / 3) - 1.8, 0.5)
+
+
+# --------------------------------------------------------------------------------------------------
+# Initial alignments
+
+
+def threading_maps(l1: int, l2: int, frag: np.ndarray | None = None, *, on_x: bool = True,
+                   min_ali: int) -> np.ndarray:
+    """Gapless threadings as alignment maps (B, L2): every offset that aligns at least ``min_ali``
+    residues, in ascending offset order.
+
+    Without ``frag``: mobile residue j + k against target residue j. With ``frag`` (residue indices of
+    one chain's fragment): the fragment slides along the other chain (``on_x``: the fragment is on the
+    mobile chain).
+    """
+    if frag is None:
+        frag, on_x = np.arange(l1), True
+    lf = len(frag)
+    if on_x:
+        ks = np.arange(-l2 + min_ali, lf - min_ali + 1)
+        pos = np.arange(l2)[None, :] + ks[:, None]
+        ok = (pos >= 0) & (pos < lf)
+        return np.where(ok, frag[np.clip(pos, 0, lf - 1)], -1)
+    ks = np.arange(-lf + min_ali, l1 - min_ali + 1)
+    maps = np.full((len(ks), l2), -1, dtype=np.int64)
+    pos = np.arange(lf)[None, :] + ks[:, None]
+    ok = (pos >= 0) & (pos < l1)
+    rows, cols = np.nonzero(ok)
+    maps[rows, frag[cols]] = pos[rows, cols]
+    return maps
+
+
+def best_last(scores: np.ndarray) -> int:
+    """Index of the last maximum: the reference code keeps a candidate whose score is >= the best."""
+    return int(len(scores) - 1 - np.argmax(scores[::-1]))
+
+
+def initial_threading(x, y, p: SearchParameters) -> np.ndarray:
+    """Gapless threading: the offset with the best quick score (min aligned: max(min(L1,L2)/2, 5))."""
+    min_ali = max(min(len(x), len(y)) // 2, 5)
+    maps = threading_maps(len(x), len(y), min_ali=min_ali)
+    return maps[best_last(fast_scores(x, y, maps, d0=p.d0, d0_search=p.d0_search))]
+
+
+def initial_ss(sec_x: str, sec_y: str) -> np.ndarray:
+    """Secondary structure alignment: DP on equal-letter scores with gap opening -1."""
+    return nw_align(ss_scores_matrix(sec_x, sec_y)[None], -1.0)[0]
+
+
+def initial_local(x, y, p: SearchParameters) -> np.ndarray | None:
+    """Local fragment superposition: for fragment pairs (lengths min(20, L/3) and min(100, L/2), L =
+    min(L1, L2); starts every 15-45 residues by chain length), superpose the fragments, align by DP on
+    1 / (1 + d^2 / (d0 + 1.5)^2) with no gap penalty, and keep the alignment with the best quick score
+    (the first on ties; None when no score beats 0)."""
+    l1, l2 = len(x), len(y)
+    jump1, jump2 = _jump(l1), _jump(l2)
+    al = min(l1, l2)
+    cands = []
+    for nf in (min(20, al // 3), min(100, al // 2)):
+        for i in range(0, l1 - nf + 1, jump1):
+            for j in range(0, l2 - nf + 1, jump2):
+                cands.append((nf, i, j))
+    d01 = p.d0 + 1.5
+    best_map, best = None, 0.0
+    per = (l1 + 1) * (l2 + 1) * 2 + (l1 + 1) * (l1 + l2 + 1) + l1 * l2 * 48
+    step = max(1, DP_BATCH_BYTES // per)
+    for c0 in range(0, len(cands), step):
+        part = cands[c0:c0 + step]
+        rot, trans = _fragment_fits(x, y, part)
+        maps = nw_align(tm_scores_matrix(x, y, rot, trans, d01), 0.0)
+        sc = fast_scores(x, y, maps, d0=p.d0, d0_search=p.d0_search)
+        k = int(np.argmax(sc))  # first strict maximum
+        if sc[k] > best:
+            best, best_map = float(sc[k]), maps[k]
+    return best_map
+
+
+def _jump(length: int) -> int:
+    j = 45 if length > 250 else 35 if length > 200 else 25 if length > 150 else 15
+    return min(j, length // 3)
+
+
+def _fragment_fits(x, y, part):
+    """Superpositions of each (length, mobile start, target start) fragment pair, batched by length."""
+    rot = np.empty((len(part), 3, 3))
+    trans = np.empty((len(part), 3))
+    lengths = np.array([c[0] for c in part])
+    for nf in np.unique(lengths).tolist():
+        rows = np.flatnonzero(lengths == nf)
+        xs = np.stack([x[part[r][1]:part[r][1] + nf] for r in rows])
+        ys = np.stack([y[part[r][2]:part[r][2] + nf] for r in rows])
+        rot[rows], trans[rows], _ = superpose(xs, ys)
+    return rot, trans
+
+
+def initial_ss_plus(x, y, sec_x: str, sec_y: str, y2x_best: np.ndarray, p: SearchParameters) -> np.ndarray:
+    """Superposition of the best alignment so far plus secondary structure: DP on
+    1 / (1 + d^2 / (d0 + 1.5)^2) + 0.5 where the letters agree, gap opening -1."""
+    rot, trans = _fit_map(x, y, y2x_best)
+    score = tm_scores_matrix(x, y, rot[None], trans[None], p.d0 + 1.5)[0]
+    score = score + 0.5 * ss_scores_matrix(sec_x, sec_y)
+    return nw_align(score[None], -1.0)[0]
+
+
+def _fit_map(x, y, y2x):
+    j = np.flatnonzero(y2x >= 0)
+    r, t, _ = superpose(np.asarray(x)[y2x[j]][None], np.asarray(y)[j][None])
+    return r[0], t[0]
+
+
+def max_fragment(ca, dcu0: float) -> tuple[int, int]:
+    """Start and end (inclusive) of the longest run of consecutive residues with CA-CA < dcu0, the
+    cutoff raised by factors of 1.1 until the run has at least min(L / 3, 4) residues."""
+    x = np.asarray(ca, dtype=np.float64)
+    n = len(x)
+    r_min = min(int(n / 3.0), 4)
+    step2 = np.sum(np.diff(x, axis=0) ** 2, axis=1)
+    cut2, inc = dcu0 * dcu0, 0
+    while True:
+        best, start_max, end_max = 0, 0, 0
+        run, start = 1, 0
+        for i in range(1, n):
+            if step2[i - 1] < cut2:
+                run += 1
+                if i == n - 1:
+                    if run > best:
+                        best, start_max, end_max = run, start, i
+                    run = 1
+            else:
+                if run > best:
+                    best, start_max, end_max = run, start, i - 1
+                run, start = 1, i
+        if best >= r_min:
+            return start_max, end_max
+        inc += 1
+        cut2 = (1.1**inc * dcu0) ** 2
+
+
+def initial_fragment_threading(x, y, p: SearchParameters) -> np.ndarray:
+    """Fragment gapless threading: the longest continuous fragment of the chain whose fragment is
+    shorter (trimmed to its 10-89% part when it is the whole shorter chain) slides along the other
+    chain; best quick score, the last on ties. Equal fragment and chain lengths try both chains."""
+    l1, l2 = len(x), len(y)
+    xs, xe = max_fragment(x, p.dcu0)
+    ys, ye = max_fragment(y, p.dcu0)
+    lx, ly = xe - xs + 1, ye - ys + 1
+    cands = []
+    if lx == ly and l1 == l2:
+        cands.append(_fragment_maps(l1, l2, np.arange(xs, xs + lx), True, l1))
+        cands.append(_fragment_maps(l1, l2, np.arange(ys, ys + ly), False, l1))
+    else:
+        on_x = lx < ly or (lx == ly and l1 < l2)
+        frag = np.arange(xs, xs + min(lx, ly)) if on_x else np.arange(ys, ys + min(lx, ly))
+        cands.append(_fragment_maps(l1, l2, frag, on_x, min(l1, l2)))
+    maps = np.concatenate(cands)
+    return maps[best_last(fast_scores(x, y, maps, d0=p.d0, d0_search=p.d0_search))]
+
+
+def _fragment_maps(l1: int, l2: int, frag: np.ndarray, on_x: bool, l0: int) -> np.ndarray:
+    if len(frag) == l0:
+        frag = frag[int(l0 * 0.1):int(l0 * 0.89) + 1]
+    min_ali = max(int(min(len(frag), l2 if on_x else l1) / 2.5), 3)
+    return threading_maps(l1, l2, frag, on_x=on_x, min_ali=min_ali)
+
+
+# --------------------------------------------------------------------------------------------------
+# Refinement and the final scores
+
+
+def pairs_of(x, y, y2x):
+    """The aligned pairs of a map: (mobile coords, target coords, mobile index, target index)."""
+    j = np.flatnonzero(y2x >= 0)
+    i = y2x[j]
+    return np.asarray(x)[i], np.asarray(y)[j], i, j
+
+
+def detailed_search(x, y, y2x, p: SearchParameters, step: int = 40):
+    """TM-score search (seeds every ``step``, pairs beyond score_d8 count nothing) on an alignment."""
+    xa, ya, _, _ = pairs_of(x, y, y2x)
+    return tm_search(xa, ya, d0=p.d0, d0_search=p.d0_search, norm=p.l_norm, step=step, score_d8=p.score_d8)
+
+
+def refine(x, y, rot, trans, p: SearchParameters, gaps=(-0.6, 0.0), max_iter: int = 30):
+    """Iterative refinement: DP on 1 / (1 + d^2 / d0^2) under the current superposition, then a TM-score
+    search on the new alignment gives the next superposition; for each gap-opening penalty in turn,
+    until the score changes by less than 1e-6 or ``max_iter`` rounds. Returns the best score, its
+    alignment and the last superposition."""
+    best, best_map = -1.0, None
+    old = 0.0
+    for gap in gaps:
+        for it in range(max_iter):
+            y2x = nw_align(tm_scores_matrix(x, y, rot[None], trans[None], p.d0), gap)[0]
+            score, rot, trans = detailed_search(x, y, y2x, p)
+            if score > best:
+                best, best_map = score, y2x
+            if it > 0 and abs(old - score) < 1e-6:
+                break
+            old = score
+    return best, best_map, rot, trans
+
+
+class PairAlignment(NamedTuple):
+    """One pair's TM-align result (see :class:`protgpu.align.TMAlignResult` for the fields)."""
+
+    tm_mobile: float
+    tm_target: float
+    tm: float
+    rmsd: float
+    n_aligned: int
+    seq_identity: float
+    rotation: np.ndarray
+    translation: np.ndarray
+    aligned: np.ndarray
+    mobile_aligned: str
+    target_aligned: str
+    match: str
+
+
+def align_maps(x, y, sec_x: str, sec_y: str, p: SearchParameters) -> np.ndarray:
+    """TM-align's alignment of the pair: every initial alignment, each refined, the best kept."""
+    tm_max, best = -1.0, np.full(len(y), -1, dtype=np.int64)
+
+    def keep(score, y2x):
+        nonlocal tm_max, best
+        if score > tm_max:
+            tm_max, best = score, y2x
+
+    ddcc = 0.1 if p.l_norm <= 40 else 0.4
+    # 1. gapless threading
+    y2x = initial_threading(x, y, p)
+    score, rot, trans = detailed_search(x, y, y2x, p)
+    keep(score, y2x)
+    score, y2x, rot, trans = refine(x, y, rot, trans, p)
+    keep(score, y2x)
+    # 2. secondary structure
+    y2x = initial_ss(sec_x, sec_y)
+    score, rot, trans = detailed_search(x, y, y2x, p)
+    keep(score, y2x)
+    if score > tm_max * 0.2:
+        score, y2x, rot, trans = refine(x, y, rot, trans, p)
+        keep(score, y2x)
+    # 3. local fragment superposition
+    y2x = initial_local(x, y, p)
+    if y2x is not None:
+        score, rot, trans = detailed_search(x, y, y2x, p)
+        keep(score, y2x)
+        if score > tm_max * ddcc:
+            score, y2x, rot, trans = refine(x, y, rot, trans, p, max_iter=2)
+            keep(score, y2x)
+    # 4. superposition of the best so far plus secondary structure
+    y2x = initial_ss_plus(x, y, sec_x, sec_y, best, p)
+    score, rot, trans = detailed_search(x, y, y2x, p)
+    keep(score, y2x)
+    if score > tm_max * ddcc:
+        score, y2x, rot, trans = refine(x, y, rot, trans, p)
+        keep(score, y2x)
+    # 5. fragment gapless threading
+    y2x = initial_fragment_threading(x, y, p)
+    score, rot, trans = detailed_search(x, y, y2x, p)
+    keep(score, y2x)
+    if score > tm_max * ddcc:
+        score, y2x, rot, trans = refine(x, y, rot, trans, p, gaps=(0.0,), max_iter=2)
+        keep(score, y2x)
+    return best
+
+
+def tm_align_pair(x, y, seq_x: str, seq_y: str, *, l_norm: float | None = None) -> PairAlignment:
+    """TM-align one pair: mobile CA ``x`` (L1, 3) onto target CA ``y`` (L2, 3).
+
+    ``l_norm``: an extra normalisation length for :attr:`PairAlignment.tm` (None: the target's, as
+    TM-align reports first); its superposition is the returned one.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    l1, l2 = len(x), len(y)
+    p = search_parameters(l1, l2)
+    with blas_threads(1):
+        y2x = align_maps(x, y, secondary_structure(x), secondary_structure(y), p)
+        # final superposition of the alignment: a full search (every seed), scores over L_ali
+        xa, ya, ia, ja = pairs_of(x, y, y2x)
+        _, rot, trans = tm_search(xa, ya, d0=p.d0, d0_search=p.d0_search, norm=len(xa), step=1,
+                                  score_d8=p.score_d8)
+        d = np.sqrt(np.sum((xa @ rot.T + trans - ya) ** 2, axis=1))
+        keep = d <= p.score_d8
+        xa, ya, ia, ja = xa[keep], ya[keep], ia[keep], ja[keep]
+        n_ali = len(xa)
+        rmsd = float(superpose(xa[None], ya[None])[2][0]) if n_ali else float("nan")
+
+        def final(length):
+            d0 = d0_final(length)
+            return tm_search(xa, ya, d0=d0, d0_search=min(max(d0, 4.5), 8.0), norm=length, step=1)
+
+        tm_t, rot_t, tr_t = final(float(l2))
+        tm_m, rot_m, tr_m = final(float(l1))
+        if l_norm is None or l_norm == l2:
+            tm, rot, trans = tm_t, rot_t, tr_t
+        elif l_norm == l1:
+            tm, rot, trans = tm_m, rot_m, tr_m
+        else:
+            tm, rot, trans = final(float(l_norm))
+    close = np.sqrt(np.sum((xa @ rot.T + trans - ya) ** 2, axis=1)) < CLOSE_PAIR
+    top, mid, bottom, same = _gapped(seq_x, seq_y, ia, ja, close)
+    return PairAlignment(tm_m, tm_t, tm, rmsd, n_ali, same / n_ali if n_ali else float("nan"), rot, trans,
+                         np.stack([ia, ja], axis=1).astype(np.int64), top, bottom, mid)
+
+
+def _gapped(seq_x: str, seq_y: str, ia, ja, close):
+    """TM-align's printed alignment: gapped mobile sequence, match line (``:`` closer than 5 A, ``.``
+    other aligned pairs), gapped target sequence; and the count of identical aligned letters."""
+    top, mid, bottom = [], [], []
+    io = jo = same = 0
+    for i, j, c in zip(ia.tolist(), ja.tolist(), close.tolist(), strict=True):
+        top.append(seq_x[io:i] + "-" * (j - jo))
+        bottom.append("-" * (i - io) + seq_y[jo:j])
+        mid.append(" " * (i - io + j - jo))
+        top.append(seq_x[i])
+        bottom.append(seq_y[j])
+        mid.append(":" if c else ".")
+        same += seq_x[i] == seq_y[j]
+        io, jo = i + 1, j + 1
+    top.append(seq_x[io:] + "-" * (len(seq_y) - jo))
+    bottom.append("-" * (len(seq_x) - io) + seq_y[jo:])
+    mid.append(" " * (len(seq_x) - io + len(seq_y) - jo))
+    return "".join(top), "".join(mid), "".join(bottom), same
