@@ -117,8 +117,10 @@ def tm_align(mobile, target, *, pairs=None, normalize_by=None, chain=None, devic
     ----------
     mobile, target : Structure, path, Bio.PDB / mdtraj object, array, or a list of these
         One chain each: the first chain with a protein residue that has a CA atom (chains without
-        one are skipped with a warning), or ``chain``; the first model of a multi-model file. An
-        (L, 3) array is a CA trace (sequence unknown, 'X'); an (N, L, 3) array is N traces. Two
+        one are skipped with a warning), or ``chain``. Each frame of a multi-frame input (models of
+        a multi-model file, a trajectory) is one chain, as frames are models everywhere in protgpu
+        (TM-align reads only the first model: pass ``s.frames(0)`` for that). An (L, 3) array is a
+        CA trace (sequence unknown, 'X'); an (N, L, 3) array is N traces. Two
         single inputs give one pair; a single input against a list, one against each; two lists of
         equal length, one-to-one.
     pairs : array_like of int, shape (P, 2), optional

@@ -2,8 +2,10 @@
 
 By default the first chain with a protein residue (an amino acid, or UNK: an amino acid of unknown
 type) that has a CA atom, or the chain asked for; chains with no such residue before it are skipped
-with a warning; protein residues without a CA atom are skipped and counted. Structures give their
-first frame (TM-align reads the first model). Bare arrays are CA traces with unknown residues ('X').
+with a warning; protein residues without a CA atom are skipped and counted. Each frame of a
+multi-frame input (a multi-model file, a trajectory) is one chain to align, as frames are models
+everywhere in protgpu (TM-align itself reads only the first model: pass ``s.frames(0)`` for that).
+Bare arrays are CA traces with unknown residues ('X').
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ def chains_of(x, what: str, chain: str | None = None) -> list[Chain]:
         a = to_numpy(as_array(x, what))
         if a.ndim == 3:
             return [_array_chain(a[k], f"{what}[{k}]") for k in range(len(a))]
+    if has_topology(x):
+        s = as_structure(x, what)
+        if s.n_frames > 1:
+            name = source_name(s, what)
+            return [_structure_chain(s.frames(k), what, chain, f"{name} frame {k}") for k in range(s.n_frames)]
+        return [_structure_chain(s, what, chain)]
     return [one_chain(x, what, chain)]
 
 
@@ -63,7 +71,8 @@ def _is_number_list(x) -> bool:
 
 
 def one_chain(x, what: str, chain: str | None = None) -> Chain:
-    """One chain from one input (Structure, path, mdtraj/Bio.PDB object, or an (L, 3) CA array)."""
+    """One chain from one input (Structure, path, mdtraj/Bio.PDB object, or an (L, 3) CA array); of a
+    multi-frame Structure, the first frame."""
     if has_topology(x):
         return _structure_chain(as_structure(x, what), what, chain)
     if is_array(x) or isinstance(x, (list, tuple)):
@@ -86,8 +95,8 @@ def _check_length(n: int, name: str) -> None:
                          f"least {MIN_RESIDUES}")
 
 
-def _structure_chain(s, what: str, chain: str | None) -> Chain:
-    name = source_name(s, what)
+def _structure_chain(s, what: str, chain: str | None, name: str | None = None) -> Chain:
+    name = name or source_name(s, what)
     atoms = s.atoms
     std = atoms.std_resname
     protein = np.isin(std, list(AMINO_ACIDS)) | (np.char.upper(atoms.resname.astype(str)) == "UNK")

@@ -45,6 +45,21 @@ def test_forms_give_the_same_numbers(ab):
         assert r.tm_mobile[0] == pytest.approx(ref["tm_mobile"], abs=1e-9)
 
 
+def test_frames_are_models_as_everywhere(ab):
+    # a multi-frame Structure (multi-model file, trajectory) is one mobile per frame, as a list or an
+    # (N, L, 3) array is; a torch CA trace gives the same numbers
+    one = pg.load(ab[0])
+    two = Structure(np.stack([one.coords[0], one.coords[0] @ np.diag([1.0, -1.0, -1.0]).astype(np.float32)]),
+                    one.atoms, source="two.pdb")
+    r = pg.tm_align(two, ab[1])
+    ref = REF[(A, B)]["tm_target"]
+    assert r.tm_target.shape == (2,) and np.allclose(r.tm_target, ref, atol=1e-9)
+    assert r.lengths.tolist() == [list(r.lengths[0])] * 2
+    torch = pytest.importorskip("torch")
+    x = one_chain(ab[0], "x").ca
+    assert pg.tm_align(torch.from_numpy(x), ab[1]).tm_target[0] == pytest.approx(ref, abs=1e-9)
+
+
 def test_one_against_many_one_to_one_and_pairs(ab):
     one = pg.tm_align(ab[0], [ab[1], ab[0]])
     assert one.tm_target.shape == (2,) and one.tm_target[1] == pytest.approx(1.0)
