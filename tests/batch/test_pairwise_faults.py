@@ -74,6 +74,8 @@ def long_traj(tmp_path_factory, datasets):
     d = tmp_path_factory.mktemp("traj")
     t = md.load(str(datasets / "adk_dims.dcd"), top=str(datasets / "adk_open.pdb"))
     t = t.atom_slice(t.topology.select("name CA"))
+    for a in t.topology.atoms:  # adk_open.pdb has no element column: mdtraj would guess calcium
+        a.element = md.element.carbon
     t[0].save_pdb(str(d / "ca.pdb"))
     md.join([t] * 20).save_dcd(str(d / "long.dcd"))
     return d / "long.dcd", d / "ca.pdb"
