@@ -1,11 +1,14 @@
 """Running a job on a Dask distributed cluster: each task parses and computes one batch of inputs
-of similar file size; the client journals and writes as a local run does (internal: :func:`iter_dask`)."""
+of similar file size, batches no longer than the journal interval of work; the client journals and
+writes as a local run does (internal: :func:`iter_dask`)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import time
+from collections import deque
 from collections.abc import Iterator
 
 from ..errors import InputError
@@ -16,8 +19,10 @@ from .results import Failure, InputResult, failed_result
 _logger = logging.getLogger("protgpu.batch")
 
 
-def _dask_batch(job: Job, items: list) -> list[InputResult]:
-    """One Dask task: parse and compute a batch of (index, path) on a worker."""
+def _dask_batch(job: Job, items: list) -> tuple[list[InputResult], float]:
+    """One Dask task: parse and compute a batch of (index, path) on a worker; its results and the
+    seconds the task took (the client sizes later batches by them)."""
+    t0 = time.perf_counter()
     out, entries = [], []
     for index, path in items:
         i, sha, item, fail = parse_one(job, index, path)
@@ -30,7 +35,7 @@ def _dask_batch(job: Job, items: list) -> list[InputResult]:
     for r in out:  # exceptions stay on the worker; the text travels
         if r._failure is not None:
             r._failure.exc = None
-    return out
+    return out, time.perf_counter() - t0
 
 
 def _security(scheduler: str, tls: dict | None):
@@ -91,23 +96,45 @@ def _dask_client(scheduler: str | None, workers: int | None, gpus, tls: dict | N
             yield client
 
 
-def _plan_batches(todo: list, batch_size: int) -> list[list]:
-    """Batches of inputs of similar file size (a proxy for structure size before parsing)."""
+def _by_size(todo: list) -> deque:
+    """The inputs ordered by file size (a proxy for structure size before parsing), so that a batch
+    holds inputs of similar size."""
     def nbytes(p):
         try:
             return os.path.getsize(p)
         except OSError:
             return 0
 
-    ordered = sorted(todo, key=lambda t: (nbytes(t[1]), t[0]))
-    return [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
+    return deque(sorted(todo, key=lambda t: (nbytes(t[1]), t[0])))
+
+
+class _Sizer:
+    """Inputs per Dask batch: at most ``batch_size``, and no more than the batches so far say a worker
+    computes in ``journal_s`` seconds (the first ones: at most 8), so that the client journals finished
+    work about that often, as a local run does (:func:`protgpu.batch.local.iter_local`)."""
+
+    def __init__(self, batch_size: int, journal_s: float):
+        self.batch_size, self.journal_s = int(batch_size), float(journal_s)
+        self.per_input = None  # seconds a worker takes per input, from the last finished batch
+
+    def next(self) -> int:
+        if self.per_input is None:
+            return min(self.batch_size, 8)
+        return max(1, min(self.batch_size, int(self.journal_s / max(self.per_input, 1e-9))))
+
+    def saw(self, n: int, seconds: float) -> None:
+        if n:
+            self.per_input = seconds / n
 
 
 def iter_dask(job: Job, todo: list, *, scheduler, workers, gpus, batch_size: int,
-               log, tls: dict | None = None) -> Iterator[list[InputResult]]:
+               log, tls: dict | None = None, journal_s: float = 5.0) -> Iterator[list[InputResult]]:
     """Yield lists of results, one list per batch, from a Dask cluster (``scheduler``, ``workers`` or
     ``gpus``, one of them; see :func:`protgpu.batch.iter_results`). A batch whose task killed its worker
     is retried input by input; an input that kills a worker alone is a failed result.
+
+    Batches are submitted as earlier ones finish (two per worker thread in flight), each sized by
+    :class:`_Sizer` so that finished work reaches the journal every ``journal_s`` seconds or so.
 
     Raises
     ------
@@ -118,30 +145,49 @@ def iter_dask(job: Job, todo: list, *, scheduler, workers, gpus, batch_size: int
         from distributed import as_completed
 
         job_f = client.scatter(job, broadcast=True, hash=False)
-        futs = {}
-        for b in _plan_batches(todo, batch_size):
-            futs[client.submit(_dask_batch, job_f, b, pure=False)] = b
-        ac = as_completed(list(futs))
+        queue = _by_size(todo)
+        sizer = _Sizer(batch_size, journal_s)
+        futs: dict = {}
+
+        def slots() -> int:
+            # workers may join or leave a running cluster: asked again at each refill
+            with contextlib.suppress(Exception):
+                return 2 * max(1, sum(client.nthreads().values()))
+            return 2
+
+        def submit(batch):
+            fut = client.submit(_dask_batch, job_f, batch, pure=False)
+            futs[fut] = batch
+            return fut
+
+        def refill():
+            new = []
+            want = slots()
+            while queue and len(futs) < want:
+                new.append(submit([queue.popleft() for _ in range(min(sizer.next(), len(queue)))]))
+            return new
+
+        ac = as_completed(refill())
         try:
             for fut in ac:
                 batch = futs.pop(fut)
                 try:
-                    results = fut.result()
+                    results, seconds = fut.result()
+                    sizer.saw(len(batch), seconds)
                 except Exception as exc:
                     if type(exc).__name__ != "KilledWorker":
                         raise
                     if len(batch) > 1:
                         log(f"a Dask worker died on a batch of {len(batch)}; retrying its inputs one by one")
                         for item in batch:
-                            nf = client.submit(_dask_batch, job_f, [item], pure=False)
-                            futs[nf] = [item]
-                            ac.add(nf)
+                            ac.add(submit([item]))
                         continue
                     index, path = batch[0]
                     f = Failure("the Dask worker computing it died, also when retried alone", "crash")
                     results = [failed_result(index, path, None, f)]
+                for nf in refill():
+                    ac.add(nf)
                 yield results
         finally:
             for fut in futs:
                 fut.cancel()
-

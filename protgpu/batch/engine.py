@@ -244,7 +244,7 @@ def _iter_locked(state: _Run, job, order: list, store: Store | None, *, resume, 
                               arrays=store.arrays_of(e) if resumed_arrays else {}, resumed=True)
         if use_dask:
             batches = iter_dask(job, todo, scheduler=scheduler, tls=tls, workers=workers, gpus=gpus,
-                                 batch_size=batch_size, log=bar.note_to(log))
+                                 batch_size=batch_size, log=bar.note_to(log), journal_s=journal_interval)
         else:
             batches = iter_local(job, todo, jobs=jobs, pool=pool, start_method=start_method,
                                   batch_size=batch_size, log=bar.note_to(log), stats=stats,

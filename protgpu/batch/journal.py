@@ -120,21 +120,46 @@ class Rows(Sequence):
         return repr(list(self))
 
 
+def _lock_calls():
+    """``(lock, unlock)`` of this platform's exclusive, non-blocking lock on an open file, or None:
+    ``fcntl.flock`` on POSIX (``unlock`` None: closing the descriptor releases it); on Windows
+    ``msvcrt.locking`` of the file's first byte (released before closing, as Windows asks)."""
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    if fcntl is not None:
+        return (lambda fd: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)), None
+    try:
+        import msvcrt
+    except ImportError:  # neither: runs are not guarded
+        return None
+
+    def at_start(fd, mode):
+        os.lseek(fd, 0, os.SEEK_SET)  # msvcrt locks from the current position
+        msvcrt.locking(fd, mode, 1)
+
+    return (lambda fd: at_start(fd, msvcrt.LK_NBLCK)), (lambda fd: at_start(fd, msvcrt.LK_UNLCK))
+
+
 class OutputLock:
-    """An exclusive lock on one output: ``.OUT.lock`` beside it (``fcntl.flock``), held for a whole run
-    and removed at its end; a second run on the same output fails at once with a one-line error.
-    Where there is no ``fcntl`` (Windows) nothing is locked."""
+    """An exclusive lock on one output: ``.OUT.lock`` beside it, held for a whole run and removed at its
+    end; a second run on the same output fails at once with a one-line error.
+
+    POSIX takes ``fcntl.flock``; Windows ``msvcrt.locking`` on the file's first byte (tested here only
+    with a stand-in ``msvcrt``, not on Windows itself). Where neither exists nothing is locked."""
 
     def __init__(self, out: Path):
         self.out = out
         self.path = out.with_name(f".{out.name}.lock")
         self.fd = None
+        self._unlock = None
 
     def acquire(self) -> None:
-        try:
-            import fcntl
-        except ImportError:  # Windows: no advisory locks of this kind; runs are not guarded
+        calls = _lock_calls()
+        if calls is None:
             return
+        lock, self._unlock = calls
         _refuse_link(self.path, "lock file")
         for _ in range(10):
             try:
@@ -143,7 +168,7 @@ class OutputLock:
                 raise InputError(f"--out {self.out}: cannot create the lock file {self.path} "
                                  f"({exc.strerror or exc})") from None
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                lock(fd)
             except OSError:
                 os.close(fd)
                 raise InputError(f"--out {self.out}: another protgpu run is writing this output "
@@ -156,15 +181,28 @@ class OutputLock:
             if same:
                 self.fd = fd
                 return
-            os.close(fd)
+            self._release_fd(fd)
         raise InputError(f"--out {self.out}: cannot take the lock {self.path} (it keeps being replaced)")
+
+    def _release_fd(self, fd) -> None:
+        if self._unlock is not None:
+            with contextlib.suppress(OSError):
+                self._unlock(fd)
+        os.close(fd)
 
     def release(self) -> None:
         if self.fd is None:
             return
-        with contextlib.suppress(OSError):
-            self.path.unlink()  # while still locked: a waiting run then locks a fresh file
-        os.close(self.fd)
+        if self._unlock is None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()  # while still locked: a waiting run then locks a fresh file
+            os.close(self.fd)
+        else:
+            # Windows removes no file that is open: unlock and close first. A run that opened it
+            # meanwhile keeps it (the unlink fails) and locks that file, which is as good.
+            self._release_fd(self.fd)
+            with contextlib.suppress(OSError):
+                self.path.unlink()
         self.fd = None
 
 

@@ -51,9 +51,12 @@ def check_out_suffix(out: Path) -> str:
 
 
 def write_output(path, fn):
-    """``write_atomic`` with write failures turned into :class:`OutputError`."""
-    from ..io import write_atomic
+    """``write_atomic`` with write failures turned into :class:`OutputError`; first removes the
+    temporaries a killed earlier write of ``path`` left (a manifest's or errors file's too, which no
+    other cleanup names)."""
+    from ..io import remove_stale_temps, write_atomic
 
+    remove_stale_temps(path)
     try:
         return write_atomic(path, fn)
     except OSError as exc:

@@ -35,7 +35,9 @@ logger = logging.getLogger("protgpu.io")
 DEFAULT_MAX_INPUT_BYTES = 1 << 30
 _MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"))
 _OPENERS = {"gzip": lambda f: gzip.GzipFile(fileobj=f), "bzip2": bz2.BZ2File, "xz": lzma.LZMAFile}
-_CHUNK = 1 << 22
+# bytes per read when decompressing: the file object's reads hold about two chunks at a time beside
+# what is kept, so memory stays within a few MiB of the cap
+_CHUNK = 1 << 20
 
 
 def max_input_bytes() -> int:
@@ -155,44 +157,66 @@ def read_bytes(path, gz: bool = False) -> bytes:
     return data
 
 
-def _decompress(data: bytes, kind: str, name: str, cap: int) -> bytes:
-    """Decompress in chunks, stopping as soon as the output passes ``cap`` (a small file that
-    unpacks to gigabytes fails without taking them)."""
-    chunks, total = [], 0
+def _decompressed_chunks(source, kind: str, name: str, cap: int):
+    """The decompressed bytes of ``source`` (a binary file object) in chunks of at most ``_CHUNK``,
+    stopping as soon as they pass ``cap``: no more than ``cap + 1`` bytes are ever decompressed, so a
+    small file that unpacks to gigabytes fails without taking them, and a caller that does not keep
+    the chunks (:func:`decompressed_copy`) holds one at a time."""
+    total = 0
     try:
-        with _OPENERS[kind](io.BytesIO(data)) as fh:
+        with _OPENERS[kind](source) as fh:
             while True:
-                chunk = fh.read(_CHUNK)
+                # the last read asks for one byte past the cap: enough to know the stream is too big
+                chunk = fh.read(min(_CHUNK, cap + 1 - total))
                 if not chunk:
-                    break
+                    return
                 total += len(chunk)
                 if total > cap:
                     raise _too_big(name, f"{kind} stream unpacks to")
-                chunks.append(chunk)
+                yield chunk
+    except InputError:  # the cap (an InputError is a ValueError: not "corrupt")
+        raise
     except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as exc:
         raise InputError(f"{name}: corrupt or truncated {kind} data ({exc})") from None
-    return b"".join(chunks)
+
+
+def _decompress(data: bytes, kind: str, name: str, cap: int) -> bytes:
+    """``data`` decompressed, at most ``cap`` bytes (see :func:`_decompressed_chunks`)."""
+    return b"".join(_decompressed_chunks(io.BytesIO(data), kind, name, cap))
 
 
 @contextlib.contextmanager
 def decompressed_copy(name: str, ext: str):
     """A path that mdtraj can read: ``name`` itself when it is not compressed, else a temporary
-    decompressed copy named ``*{ext}`` (removed on the way out). The cap of :func:`read_bytes` holds."""
-    with open(name, "rb") as fh:
-        head = fh.read(6)
-    if compression_of(head) is None:
-        yield name
-        return
-    data = read_bytes(name)
-    fd, tmp = tempfile.mkstemp(suffix=ext, prefix="protgpu-")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        del data
-        yield tmp
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
+    decompressed copy named ``*{ext}`` (removed on the way out). The copy is written chunk by chunk
+    straight from the compressed file (memory stays at one chunk whatever the sizes); the cap of
+    :func:`read_bytes` holds for its size."""
+    fd, _ = open_regular(name)
+    with os.fdopen(fd, "rb") as src:
+        kind = compression_of(src.read(6))
+        if kind is None:
+            src.close()
+            yield name
+            return
+        src.seek(0)
+        out_fd, tmp = tempfile.mkstemp(suffix=ext, prefix="protgpu-")
+        try:
+            empty = True
+            with os.fdopen(out_fd, "wb") as out:
+                for chunk in _decompressed_chunks(src, kind, name, max_input_bytes()):
+                    try:
+                        out.write(chunk)
+                    except OSError as exc:  # the temporary folder is full, say
+                        raise InputError(f"{name}: cannot decompress into {tempfile.gettempdir()} "
+                                         f"({exc.strerror or exc})") from None
+                    empty = False
+            if empty:
+                raise InputError(f"{name}: file is empty (after {kind} decompression)")
+            src.close()
+            yield tmp
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
 
 
 _REDIRECT_LOCK = threading.Lock()

@@ -265,6 +265,58 @@ def test_concurrent_runs_never_both_write(tmp_path):
     assert names(tmp_path) == ["in", "o.csv"]
 
 
+class FakeMsvcrt:
+    """Stands in for Windows' ``msvcrt`` (this machine has none): ``locking`` on the file's first byte,
+    with msvcrt's modes and its error (OSError) when another holder has the byte, backed by flock
+    (which, like msvcrt's locks, conflicts between two opens in one process). Records every call
+    with the file position it was made at."""
+
+    LK_UNLCK, LK_NBLCK = 0, 2
+
+    def __init__(self, fcntl):
+        self.fcntl, self.calls = fcntl, []
+
+    def locking(self, fd, mode, nbytes):
+        self.calls.append((mode, nbytes, os.lseek(fd, 0, os.SEEK_CUR)))
+        if mode == self.LK_NBLCK:
+            try:
+                self.fcntl.flock(fd, self.fcntl.LOCK_EX | self.fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise PermissionError(13, "Permission denied") from None  # what msvcrt raises (EACCES)
+        elif mode == self.LK_UNLCK:
+            self.fcntl.flock(fd, self.fcntl.LOCK_UN)
+        else:
+            raise ValueError(mode)
+
+
+def test_output_lock_on_windows_uses_msvcrt(tmp_path, monkeypatch):
+    """Untested on Windows itself: ``fcntl`` hidden and ``msvcrt`` faked (see FakeMsvcrt)."""
+    fcntl = pytest.importorskip("fcntl")
+    fake = FakeMsvcrt(fcntl)
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # import fcntl -> ImportError, as on Windows
+    monkeypatch.setitem(sys.modules, "msvcrt", fake)
+    out = tmp_path / "o.csv"
+    first = OutputLock(out)
+    first.acquire()
+    with pytest.raises(InputError, match="another protgpu run is writing this output") as e:
+        OutputLock(out).acquire()
+    assert "\n" not in str(e.value)
+    first.release()
+    assert not (tmp_path / ".o.csv.lock").exists()
+    # one byte at position 0: locked, refused to the second, unlocked (before the close and the unlink)
+    assert fake.calls == [(2, 1, 0), (2, 1, 0), (0, 1, 0)]
+    # a whole run takes and leaves it
+    write_numbers(tmp_path / "in", 3)
+    batch.run(tmp_path / "in", NumbersJob(arrays=False), out=out, pool="inline")
+    assert names(tmp_path) == ["in", "o.csv"] and len(fake.calls) == 5
+    # neither fcntl nor msvcrt: nothing is locked, the run still works
+    monkeypatch.setitem(sys.modules, "msvcrt", None)
+    held = OutputLock(out)
+    held.acquire()
+    assert held.fd is None and not (tmp_path / ".o.csv.lock").exists()
+    held.release()
+
+
 # --------------------------------------------------------------------------------------------------
 # 7. Security: the journal is never followed out of its place; inputs are regular files
 
