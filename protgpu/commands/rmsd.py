@@ -29,6 +29,7 @@ import errno
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -371,7 +372,7 @@ def _reserve_disk(path: str) -> None:
 
 def run_pairwise(args) -> int:
     from .._array import dispatch
-    from ..batch.journal import write_run_record
+    from ..batch.journal import OutputLock, write_run_record
     from ..batch.writers import require_zarr
     from ..io import atomic_path, remove_stale_temps, save_array
     from ..superpose import pairwise_rmsd
@@ -406,42 +407,52 @@ def run_pairwise(args) -> int:
     t0 = time.perf_counter()
     low = low_out
     result = None
-    remove_stale_temps(args.out)  # what a killed earlier run left beside the output (a full-size .npy, say)
+    # a second run on the same --out stops here, before it touches anything of the first one's
+    lock = OutputLock(Path(args.out.rstrip("/"))) if args.out else None
+    if lock is not None:
+        lock.acquire()
     try:
-        if low.endswith(".npy"):
-            # Stream tile by tile into a memory-mapped .npy beside the destination, then rename it.
-            with atomic_path(args.out) as tmp:
-                mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
-                _reserve_disk(tmp)
-                pairwise_rmsd(coords, out=mm, precision=args.precision, condensed=args.condensed, device=device,
-                              devices=_gpus(args))
-                mm.flush()
-                del mm
-            result = np.load(args.out, mmap_mode="r")
-        elif low.endswith(".zarr"):
-            # Streamed tile by tile into a store in a temporary folder, which then takes the name.
-            dest = args.out.rstrip("/")
-            rows = min(shape[0], max(1, (1 << 22) // (4 * (shape[1] if len(shape) > 1 else 1))))  # ~4 MiB chunks
-            with atomic_path(dest, directory=True) as tmp:
-                z = zarr.open_array(tmp, mode="w", shape=shape, chunks=(rows, *shape[1:]), dtype=np.float32)
-                z.attrs.update({"units": "angstrom", "condensed": bool(args.condensed),
-                                "inputs": [e["input"] for e in entries if e["status"] == "ok"],
-                                "frames": [e["rows"][0]["frames"] for e in entries if e["status"] == "ok"]})
-                pairwise_rmsd(coords, out=z, precision=args.precision, condensed=args.condensed, device=device,
-                              devices=_gpus(args))
-            result = zarr.open_array(dest, mode="r")
-        else:
-            result = pairwise_rmsd(coords, precision=args.precision, condensed=args.condensed, device=device,
-                                   devices=_gpus(args))
-            if low.endswith(".npz"):
-                save_array(args.out, {"rmsd": result, "input": labels_in, "frame": frames})
-    except OSError as exc:
-        if isinstance(exc, ProtgpuError):
-            raise
-        # a full disk, a permission: one line; atomic_path has removed the temporary
-        raise OutputError(f"--out {args.out}: cannot write ({exc.strerror or exc}); no output was written") from None
-    dt = time.perf_counter() - t0
-    errors = write_run_record(args.out, "pairwise-rmsd", _pairwise_options(args), entries)[1] if args.out else None
+        remove_stale_temps(args.out)  # what a killed earlier run left beside the output (a full-size .npy, say)
+        try:
+            if low.endswith(".npy"):
+                # Stream tile by tile into a memory-mapped .npy beside the destination, then rename it.
+                with atomic_path(args.out) as tmp:
+                    mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
+                    _reserve_disk(tmp)
+                    pairwise_rmsd(coords, out=mm, precision=args.precision, condensed=args.condensed, device=device,
+                                  devices=_gpus(args))
+                    mm.flush()
+                    del mm
+                result = np.load(args.out, mmap_mode="r")
+            elif low.endswith(".zarr"):
+                # Streamed tile by tile into a store in a temporary folder, which then takes the name.
+                dest = args.out.rstrip("/")
+                rows = min(shape[0], max(1, (1 << 22) // (4 * (shape[1] if len(shape) > 1 else 1))))  # ~4 MiB chunks
+                with atomic_path(dest, directory=True) as tmp:
+                    z = zarr.open_array(tmp, mode="w", shape=shape, chunks=(rows, *shape[1:]), dtype=np.float32)
+                    z.attrs.update({"units": "angstrom", "condensed": bool(args.condensed),
+                                    "inputs": [e["input"] for e in entries if e["status"] == "ok"],
+                                    "frames": [e["rows"][0]["frames"] for e in entries if e["status"] == "ok"]})
+                    pairwise_rmsd(coords, out=z, precision=args.precision, condensed=args.condensed, device=device,
+                                  devices=_gpus(args))
+                result = zarr.open_array(dest, mode="r")
+            else:
+                result = pairwise_rmsd(coords, precision=args.precision, condensed=args.condensed, device=device,
+                                       devices=_gpus(args))
+                if low.endswith(".npz"):
+                    save_array(args.out, {"rmsd": result, "input": labels_in, "frame": frames})
+        except OSError as exc:
+            if isinstance(exc, ProtgpuError):
+                raise
+            # a full disk, a permission: one line; atomic_path has removed the temporary
+            raise OutputError(f"--out {args.out}: cannot write ({exc.strerror or exc}); "
+                              "no output was written") from None
+        dt = time.perf_counter() - t0
+        errors = (write_run_record(args.out, "pairwise-rmsd", _pairwise_options(args), entries)[1]
+                  if args.out else None)
+    finally:
+        if lock is not None:
+            lock.release()
     if args.plot:
         mat = np.asarray(result[:])
         if args.condensed:

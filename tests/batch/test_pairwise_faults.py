@@ -230,3 +230,22 @@ def test_full_disk_is_one_line_and_leaves_the_old_output(tmp_path, long_traj, re
     assert _same(_read(out), reference[1][suffix])
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing left behind
     _check_rerun(reference, long_traj, out, suffix)
+
+
+def test_a_second_run_on_the_same_out_stops_at_once(long_traj, tmp_path):
+    # a run holding the output's lock (here: this process) makes a second run fail in one line, before
+    # it removes or writes anything of OUT's
+    from protgpu.batch.journal import OutputLock
+
+    out = tmp_path / "m.npy"
+    stale = tmp_path / ".m.npy.abcd1234.tmp.npy"  # what the first run is writing, as the cleanup sees it
+    stale.write_bytes(b"in progress")
+    lock = OutputLock(out)
+    lock.acquire()
+    try:
+        r = _run(_args(long_traj, out))
+    finally:
+        lock.release()
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "another protgpu run is writing this output" in r.stderr
+    assert stale.read_bytes() == b"in progress" and not out.exists()
