@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 
 from . import batch
 from ._array import gpu_available
+from .cluster import Clustering, cluster
 from .attention import attention
 from .contacts import ContactMap, NativeContacts, contacts, native_contacts
 from .distances import distances
@@ -23,6 +24,8 @@ from .structure import Structure
 from .superpose import SuperposeResult, pairwise_rmsd, rmsd, superpose
 
 __all__ = [
+    "Clustering",
+    "cluster",
     "ConsensusResult",
     "ContactMap",
     "NativeContacts",
