@@ -168,16 +168,15 @@ def cluster(x=None, *, method: str = "gromos", metric="rmsd", cutoff=None, k=Non
         raise InputError(f"k={k}: more clusters than the {n} frames")
     z = None
     if method == "gromos":
-        labels, medoids = gromos.gromos_rows(src, cutoff)
+        labels, medoids, objective = gromos.gromos_rows(src, cutoff)
     elif method == "kmedoids":
         meds, drows = kmedoids.kmeanspp_seed(src, k, seed)
-        labels, medoids, _, _ = kmedoids.fasterpam_rows(src, meds, drows, max_iter=int(max_iter))
+        labels, medoids, objective, _ = kmedoids.fasterpam_rows(src, meds, drows, max_iter=int(max_iter))
     else:
         z = _linkage(src, linkage)
         labels = hierarchical.cut(z, cutoff=cutoff, k=k)
-        medoids = within_medoids(src, labels)
+        medoids, objective = within_medoids(src, labels)
     sizes = np.bincount(labels, minlength=len(medoids)).astype(np.int64)
-    objective = objective_of(src, labels, medoids)
     if be.kind == "cupy":
         import cupy as cp
 
@@ -221,7 +220,8 @@ def _linkage(src, method: str) -> np.ndarray:
 
 def within_medoids(src, labels: np.ndarray) -> np.ndarray:
     """Per cluster, the member with the smallest sum of distances to its cluster (the first on a tie),
-    from row strips: each row's sum over its own cluster's columns, through the columns sorted by label."""
+    from row strips: each row's sum over its own cluster's columns, through the columns sorted by label.
+    Returns the medoids (NumPy int64) and the sum of the members' distances to their medoid."""
     xp = src.xp
     order = np.argsort(labels, kind="stable")
     n_cl = int(labels.max()) + 1
@@ -237,15 +237,4 @@ def within_medoids(src, labels: np.ndarray) -> np.ndarray:
     for c in range(n_cl):
         members = order[bounds[c]:bounds[c + 1]]
         med[c] = members[np.argmin(sums[members])]  # members ascending: the first on a tie
-    return med
-
-
-def objective_of(src, labels, medoids) -> float:
-    """Sum over frames of the distance to their cluster's medoid (rows of the medoids)."""
-    total = 0.0
-    labels_d = src.xp.asarray(labels)
-    for c, r in src.rows_chunked(np.asarray(medoids)):
-        for t, cc in enumerate(c.tolist()):
-            lab = int(np.flatnonzero(np.asarray(medoids) == cc)[0])
-            total += float(r[t][labels_d == lab].sum())
-    return total
+    return med, float(sums[med].sum())

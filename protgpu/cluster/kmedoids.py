@@ -116,11 +116,11 @@ def swap_changes(st: State, strip):
 def fasterpam_rows(src, meds, drows, max_iter: int = 100):
     """FasterPAM from medoids ``meds`` (with their rows ``drows``): ``(labels, medoids, loss, swaps)``
     (labels: each frame's medoid slot, NumPy)."""
-    st = State(src.xp, meds, drows)
     n, k = src.n, len(meds)
-    swaps = 0
     if k == 1:
-        return _single(src, st)
+        return _single(src, int(meds[0]))
+    st = State(src.xp, meds, drows)
+    swaps = 0
     lastswap = n
     for _ in range(max_iter):
         before, lastloss = swaps, st.loss()
@@ -134,7 +134,7 @@ def fasterpam_rows(src, meds, drows, max_iter: int = 100):
                 change, b = swap_changes(st, rows[j - (j1 - rows.shape[0]):])
                 ch, bb = to_numpy(change), to_numpy(b)
                 cand = np.arange(j, j1)
-                not_med = st.meds[to_numpy(st.near_i[cand])] != cand
+                not_med = st.meds[to_numpy(st.near_i[j:j1])] != cand
                 hit = np.flatnonzero(not_med & (ch < 0))
                 if hit.size == 0:
                     j = j1
@@ -149,8 +149,8 @@ def fasterpam_rows(src, meds, drows, max_iter: int = 100):
     return to_numpy(st.near_i).astype(np.int64), st.meds.copy(), st.loss(), swaps
 
 
-def _single(src, st):
+def _single(src, start: int):
     """k = 1: the medoid is the frame with the smallest sum of distances (the first of them)."""
     sums = np.concatenate([to_numpy(s.sum(axis=1)) for _, _, s in src.strips()])
     m = int(np.argmin(sums))
-    return np.zeros(src.n, dtype=np.int64), np.array([m]), float(sums[m]), int(m != st.meds[0])
+    return np.zeros(src.n, dtype=np.int64), np.array([m]), float(sums[m]), int(m != start)
