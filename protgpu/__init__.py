@@ -12,8 +12,8 @@ __version__ = "0.1.0"
 
 from . import batch
 from ._array import gpu_available
-from .cluster import Clustering, cluster
 from .attention import attention
+from .cluster import Clustering, cluster
 from .contacts import ContactMap, NativeContacts, contacts, native_contacts
 from .distances import distances
 from .errors import GPUUnavailableError, InputError, KernelCompileError, MemoryBudgetError, ProtgpuError
