@@ -51,9 +51,11 @@ def gromos_rows(src, cutoff: float):
     :func:`gromos_numpy` on the matrix whose rows ``src`` gives. Returns ``(labels, centres)`` as NumPy and
     the sum of the members' distances to their centre (from the centres' rows, no extra pass)."""
     xp, n = src.xp, src.n
-    counts = xp.empty(n, dtype=xp.int64)
-    for i0, i1, s in src.strips():
-        counts[i0:i1] = (s < cutoff).sum(axis=1)
+    counts = src.counts_below(cutoff)
+    if counts is None:
+        counts = xp.empty(n, dtype=xp.int64)
+        for i0, i1, s in src.strips():
+            counts[i0:i1] = (s < cutoff).sum(axis=1)
     alive = xp.ones(n, dtype=bool)
     labels = np.full(n, -1, dtype=np.int64)
     centres = []

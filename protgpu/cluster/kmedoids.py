@@ -51,16 +51,17 @@ class State:
         self.xp, self.meds, self.d = xp, np.array(meds, dtype=np.int64), drows  # d: (k, F) medoid rows
         k, n = drows.shape
         ar = xp.arange(n)
-        order = xp.argsort(drows, axis=0, kind="stable")  # first slot at the smallest distance first
-        self.near_i, self.seco_i = order[0].copy(), order[1].copy()
+        # Nearest: the first slot at the smallest distance; second: the same over the other slots.
+        first = xp.argmin(drows, axis=0)
+        masked = drows.copy()
+        masked[first, ar] = xp.inf
+        after = xp.argmin(masked, axis=0)
         own = xp.full(n, -1, dtype=xp.int64)
         own[xp.asarray(self.meds)] = xp.arange(k)
         is_med = own >= 0
-        # A medoid is its own nearest; its former nearest becomes the second where it was the first.
-        first = order[0]
-        second = xp.where(first == own, order[1], first)
-        self.near_i = xp.where(is_med, own, self.near_i)
-        self.seco_i = xp.where(is_med, second, self.seco_i)
+        # A medoid is its own nearest; the second is then the first other slot at the smallest distance.
+        self.near_i = xp.where(is_med, own, first)
+        self.seco_i = xp.where(is_med, xp.where(first == own, after, first), after)
         self.near_d, self.seco_d = drows[self.near_i, ar], drows[self.seco_i, ar]
         self.k = k
         self.update_removal()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._array import to_numpy
 from .._memory import rows_per_chunk
 from ..errors import InputError
 
@@ -22,6 +23,10 @@ STRIP_BYTES_CPU = 64 << 20
 
 class Rows:
     """Common part: ``n`` frames, namespace ``xp``, :meth:`rows`, :meth:`strips` and :attr:`strip_rows`."""
+
+    def counts_below(self, cutoff: float):
+        """Neighbour counts by a faster route than row strips, or None (there is none)."""
+        return None
 
     n: int
     xp = np
@@ -112,6 +117,25 @@ class RmsdRows(Rows):
         r[self.xp.arange(idx.size), self.xp.asarray(idx)] = 0.0  # as pairwise_rmsd: an exact zero diagonal
         return r
 
+    def counts_below(self, cutoff: float):
+        """GPU: neighbours of every frame (distance < ``cutoff``, itself included) from the upper triangle of
+        square tiles (:func:`protgpu.superpose.pairwise_gpu.pairwise_tiles_cuda`: half the work of full row
+        strips), row and column sums; a CuPy (F,) int64 array. CPU: None (the caller sums row strips)."""
+        if not self.on_gpu:
+            return None
+        import cupy as cp
+
+        from ..superpose.pairwise_gpu import pairwise_tiles_cuda
+
+        counts = cp.zeros(self.n, dtype=cp.int64)
+        for i0, i1, j0, j1, t in pairwise_tiles_cuda(self.x, fit=self.fit, weights=self.weights,
+                                                     precision=self.precision, out_dtype=np.float64):
+            below = t < cutoff
+            counts[i0:i1] += below.sum(axis=1)
+            if j0 != i0:  # an off-diagonal tile stands for its mirror image too
+                counts[j0:j1] += below.sum(axis=0)
+        return counts
+
     def condensed(self) -> np.ndarray:
         """The condensed matrix (pairs i < j, SciPy's layout), float64 NumPy, from :func:`protgpu.pairwise_rmsd`."""
         from .._memory import check_host_fits
@@ -156,12 +180,12 @@ class MatrixRows(Rows):
 
     def rows(self, idx):
         idx = np.arange(self.n)[idx] if isinstance(idx, slice) else np.asarray(idx, dtype=np.int64)
-        r = self.xp.asarray(self._read(idx), dtype=self.xp.float64)
+        r = self._read(idx)
+        r = self.xp.asarray(r if self.on_gpu else to_numpy(r), dtype=self.xp.float64)
         return self.check(r, idx)
 
     def condensed(self) -> np.ndarray:
         """The upper triangle as SciPy's condensed vector, float64 NumPy (checked, strip by strip)."""
-        from .._array import to_numpy
         from .._memory import check_host_fits
 
         n = self.n

@@ -271,3 +271,19 @@ def test_objective_is_sum_to_medoids(method, kw):
     c = pg.cluster(x, method=method, device="cpu", **kw)
     assert np.isclose(c.objective, d[np.arange(len(d)), c.medoids[c.labels]].sum(), rtol=1e-9)
     assert c.sizes.tolist() == np.bincount(c.labels).tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), f=st.integers(3, 30), k=st.integers(2, 5), strip=st.integers(1, 9))
+def test_kmedoids_ties_follow_package(seed, f, k, strip):
+    # Integer distances (exact sums, many ties): the same swaps as the kmedoids package's FasterPAM.
+    km = pytest.importorskip("kmedoids")
+    k = min(k, f - 1)
+    d = int_matrix(seed, f, top=4)
+    src = MatrixRows(d)
+    src.strip_rows = strip
+    meds, rows = kmedoids.kmeanspp_seed(src, k, seed)
+    ref = km.fasterpam(d, meds.copy(), max_iter=100)
+    lab, med, loss, _ = kmedoids.fasterpam_rows(src, meds, rows)
+    assert loss == float(ref.loss)
+    assert med.tolist() == np.asarray(ref.medoids).tolist() and lab.tolist() == np.asarray(ref.labels).tolist()
