@@ -28,7 +28,8 @@ class Clustering(NamedTuple):
     ----------
     labels : array (F,) int64
         Cluster of each frame, 0-based (GROMOS: in the order found, largest first; k-medoids: the medoid's
-        slot; hierarchical: SciPy's ``fcluster`` label minus 1). NumPy, or CuPy for CuPy input.
+        slot; hierarchical: SciPy's ``fcluster`` label minus 1). The input's array type (NumPy for
+        structures, paths and NumPy; CuPy, torch as given; a precomputed matrix's type).
     medoids : array (clusters,) int64
         The representative frame of each cluster: GROMOS's central frame (the one with the most
         neighbours when the cluster was taken), the k-medoids medoid, or for hierarchical clusters the
@@ -177,12 +178,10 @@ def cluster(x=None, *, method: str = "gromos", metric="rmsd", cutoff=None, k=Non
         labels = hierarchical.cut(z, cutoff=cutoff, k=k)
         medoids, objective = within_medoids(src, labels)
     sizes = np.bincount(labels, minlength=len(medoids)).astype(np.int64)
-    if be.kind == "cupy":
-        import cupy as cp
-
-        labels, medoids, sizes = cp.asarray(labels), cp.asarray(medoids), cp.asarray(sizes)
-    return Clustering(labels, np.asarray(medoids, dtype=np.int64) if be.kind != "cupy" else medoids, sizes, z,
-                      objective)
+    # Labels, medoids and sizes in the input's array type (NumPy, CuPy, torch); the linkage stays NumPy,
+    # SciPy's format.
+    labels, medoids, sizes = be.wrap((labels, np.asarray(medoids, dtype=np.int64), sizes))
+    return Clustering(labels, medoids, sizes, z, objective)
 
 
 def _check_params(method, cutoff, k):
