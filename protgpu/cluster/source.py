@@ -107,13 +107,14 @@ class RmsdRows(Rows):
             self.engine = RowsNumpy(np.asarray(x), fit=fit, weights=weights, precision=precision)
 
     def rows(self, idx):
+        """RMSD of frames ``idx`` (int array or slice) to every frame: (len(idx), F) float64 in ``xp``."""
+        idx = np.arange(self.n)[idx] if isinstance(idx, slice) else np.asarray(idx, dtype=np.int64)
         if self.on_gpu:
             from ..superpose.pairwise_gpu import pairwise_rows_cuda
 
             r = pairwise_rows_cuda(self.plan, idx)
         else:
             r = self.engine.rows(idx)
-        idx = np.asarray(idx)
         r[self.xp.arange(idx.size), self.xp.asarray(idx)] = 0.0  # as pairwise_rmsd: an exact zero diagonal
         return r
 

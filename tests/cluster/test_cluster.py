@@ -287,3 +287,15 @@ def test_kmedoids_ties_follow_package(seed, f, k, strip):
     lab, med, loss, _ = kmedoids.fasterpam_rows(src, meds, rows)
     assert loss == float(ref.loss)
     assert med.tolist() == np.asarray(ref.medoids).tolist() and lab.tolist() == np.asarray(ref.labels).tolist()
+
+
+def test_rows_hook_equals_pairwise_rmsd():
+    from protgpu.superpose.pairwise_cpu import RowsNumpy
+
+    x = ensemble(9, f=70)
+    d = rmsd_matrix(x)
+    idx = np.array([69, 0, 5, 5, 33])
+    r = RowsNumpy(x).rows(idx)
+    r[np.arange(idx.size), idx] = 0.0
+    np.testing.assert_allclose(r, d[idx], atol=1e-10)
+    np.testing.assert_allclose(RmsdRows(x).rows(slice(10, 20)), d[10:20], atol=1e-10)
