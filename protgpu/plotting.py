@@ -481,6 +481,9 @@ def cluster_sizes_plot(labels, sizes, path, *, title: str | None = None, max_clu
     fig = _new_figure((max(6.0, min(16.0, lab.size / 200)), 5.4))
     ax1, ax2 = fig.add_subplot(2, 1, 1), fig.add_subplot(2, 1, 2)
     ax1.scatter(np.arange(lab.size), lab, s=2 if lab.size > 500 else 8, c=lab, cmap="tab20", lw=0)
+    from matplotlib.ticker import MaxNLocator
+
+    ax1.yaxis.set_major_locator(MaxNLocator(integer=True))  # cluster numbers, not fractions
     ax1.set_xlabel("frame index")
     ax1.set_ylabel("cluster")
     order = np.argsort(-sz, kind="stable")
