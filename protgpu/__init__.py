@@ -14,6 +14,7 @@ from . import batch
 from ._array import gpu_available
 from .align import TMAlignResult, tm_align
 from .attention import attention
+from .cluster import Clustering, cluster
 from .contacts import ContactMap, NativeContacts, contacts, native_contacts
 from .distances import distances
 from .errors import GPUUnavailableError, InputError, KernelCompileError, MemoryBudgetError, ProtgpuError
@@ -24,6 +25,8 @@ from .structure import Structure
 from .superpose import SuperposeResult, pairwise_rmsd, rmsd, superpose
 
 __all__ = [
+    "Clustering",
+    "cluster",
     "ConsensusResult",
     "ContactMap",
     "NativeContacts",

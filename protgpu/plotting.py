@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import InputError, ProtgpuError
 
-__all__ = ["heatmap", "line_plot", "per_residue_plot"]
+__all__ = ["cluster_sizes_plot", "dendrogram_plot", "heatmap", "line_plot", "per_residue_plot"]
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 """The figure formats: matplotlib writes each with its own backend (PNG through Agg, SVG, PDF)."""
@@ -443,3 +443,107 @@ def per_residue_plot(values, path, *, labels: Sequence | None = None, names: Seq
         labels = range(1, v.shape[-1] + 1)
     return line_plot(v, path, xticklabels=None if labels is None else list(labels), names=names, title=title,
                      xlabel=xlabel, ylabel=ylabel, ylim=ylim, max_lines=max_lines, dpi=dpi)
+
+
+def cluster_sizes_plot(labels, sizes, path, *, title: str | None = None, max_clusters: int = 20, dpi: int = 150):
+    """Cluster of each frame against the frame index (top) and the frames per cluster (bottom), PNG/SVG/PDF.
+
+    Parameters
+    ----------
+    labels : array_like (frames,) int
+        Cluster of each frame, 0-based (:attr:`protgpu.cluster.Clustering.labels`).
+    sizes : array_like (clusters,) int
+    path : str or os.PathLike
+        ``.png``, ``.svg`` or ``.pdf``, written atomically.
+    title : str, optional
+    max_clusters : int
+        Clusters drawn in the size bars (the largest first); the rest are summed into one bar.
+    dpi : int
+
+    Returns
+    -------
+    pathlib.Path
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> p = cluster_sizes_plot([0, 0, 1, 0, 2], [3, 1, 1], os.path.join(tempfile.mkdtemp(), "c.png"), dpi=40)
+    >>> p.read_bytes()[1:4]
+    b'PNG'
+    """
+    from ._array import to_numpy
+
+    lab = np.asarray(to_numpy(labels), dtype=np.int64).ravel()
+    sz = np.asarray(to_numpy(sizes), dtype=np.int64).ravel()
+    if lab.size == 0 or sz.size == 0:
+        raise InputError("cluster_sizes_plot: labels and sizes must be non-empty")
+    dest = _figure_path(path, "cluster plots")
+    fig = _new_figure((max(6.0, min(16.0, lab.size / 200)), 5.4))
+    ax1, ax2 = fig.add_subplot(2, 1, 1), fig.add_subplot(2, 1, 2)
+    ax1.scatter(np.arange(lab.size), lab, s=2 if lab.size > 500 else 8, c=lab, cmap="tab20", lw=0)
+    from matplotlib.ticker import MaxNLocator
+
+    ax1.yaxis.set_major_locator(MaxNLocator(integer=True))  # cluster numbers, not fractions
+    ax1.set_xlabel("frame index")
+    ax1.set_ylabel("cluster")
+    order = np.argsort(-sz, kind="stable")
+    shown = order[:max_clusters]
+    heights = list(sz[shown])
+    names = [str(int(c)) for c in shown]
+    if order.size > max_clusters:
+        heights.append(int(sz[order[max_clusters:]].sum()))
+        names.append(f"{order.size - max_clusters} more")
+    ax2.bar(np.arange(len(heights)), heights)
+    ax2.set_xticks(np.arange(len(heights)))
+    ax2.set_xticklabels(names, fontsize=7, rotation=45 if len(names) > 10 else 0)
+    ax2.set_xlabel("cluster")
+    ax2.set_ylabel("frames")
+    if title:
+        ax1.set_title(title, fontsize=9)
+    return _save_figure(fig, dest, dpi)
+
+
+def dendrogram_plot(linkage, path, *, title: str | None = None, max_leaves: int = 60, ylabel: str = "height (Å)",
+                    dpi: int = 150):
+    """The dendrogram of a SciPy linkage matrix (truncated to ``max_leaves`` leaves), PNG/SVG/PDF.
+
+    Parameters
+    ----------
+    linkage : np.ndarray (F - 1, 4)
+        SciPy's format (:attr:`protgpu.cluster.Clustering.linkage`).
+    path : str or os.PathLike
+        ``.png``, ``.svg`` or ``.pdf``, written atomically.
+    title : str, optional
+    max_leaves : int
+        Larger trees are drawn with their last merges only (SciPy's ``truncate_mode="lastp"``).
+    ylabel : str
+    dpi : int
+
+    Returns
+    -------
+    pathlib.Path
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> z = np.array([[0, 1, 1.0, 2], [2, 3, 2.0, 3]])
+    >>> dendrogram_plot(z, os.path.join(tempfile.mkdtemp(), "d.png"), dpi=40).read_bytes()[1:4]
+    b'PNG'
+    """
+    from scipy.cluster.hierarchy import dendrogram
+
+    z = np.asarray(linkage, dtype=np.float64)
+    if z.ndim != 2 or z.shape[1] != 4 or z.shape[0] < 1:
+        raise InputError(f"dendrogram_plot: linkage must be SciPy's (n - 1, 4) matrix, got shape {z.shape}")
+    dest = _figure_path(path, "dendrograms")
+    fig = _new_figure((8.0, 4.0))
+    ax = fig.add_subplot(1, 1, 1)
+    lastp = z.shape[0] + 1 > max_leaves
+    dendrogram(z, ax=ax, truncate_mode="lastp" if lastp else None, p=max_leaves, no_labels=z.shape[0] > 200,
+               color_threshold=None)
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel("frames (cluster sizes in brackets)" if lastp else "frame")
+    if title:
+        ax.set_title(title, fontsize=9)
+    return _save_figure(fig, dest, dpi)

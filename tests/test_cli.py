@@ -135,6 +135,7 @@ PLOT_RUNS = {
     "contacts": ["{d}/adk_open.pdb"],
     "rmsd": ["{d}/adk_dims.dcd", "--top", "{d}/adk_open.pdb", "--ref", "{d}/adk_closed.pdb", "--select", "ca"],
     "pairwise-rmsd": ["{d}/adk_dims.dcd", "--top", "{d}/adk_open.pdb", "--select", "ca"],
+    "cluster": ["{d}/adk_dims.dcd", "--top", "{d}/adk_open.pdb", "--select", "ca", "--cutoff", "2"],
     "score": ["{d}/adk_closed.pdb", "{d}/adk_open.pdb", "--ref", "{d}/adk_open.pdb", "--metrics", "lddt",
               "--jobs", "1"],
 }

@@ -99,6 +99,7 @@ FUNCTIONS = {
     "consensus_score": (lambda x, ref, device: pg.consensus_score(x, device=device), False),
     "contacts": (_contacts, True),
     "native_contacts": (_native, True),
+    "cluster": (lambda x, ref, device: pg.cluster(x, method="kmedoids", k=2, device=device).labels, False),
 }
 
 
@@ -191,7 +192,7 @@ def _poke(a, value):
 
 
 # rmsd() checks its (F,) result instead of the coordinates (see its docstring): a NaN surfaces there
-BAD_FUNCTIONS = ["distances", "superpose", "pairwise_rmsd", "tm_score", "gdt", "lddt", "consensus_score"]
+BAD_FUNCTIONS = ["distances", "superpose", "pairwise_rmsd", "tm_score", "gdt", "lddt", "consensus_score", "cluster"]
 
 
 @pytest.mark.parametrize("bad", list(BAD))
@@ -205,7 +206,8 @@ def test_every_function_gives_the_same_error(fn, bad, ensemble):
 
 def test_unknown_type_is_named(ensemble):
     s3, ref, _ = ensemble
-    for fn in ("distances", "rmsd", "pairwise_rmsd", "tm_score", "lddt", "consensus_score", "contacts", "save"):
+    for fn in ("distances", "rmsd", "pairwise_rmsd", "tm_score", "lddt", "consensus_score", "contacts", "save",
+               "cluster"):
         with pytest.raises(InputError, match=r"expected a Structure, a file path, .*; got dict"):
             FUNCTIONS[fn][0]({"x": 1}, ref, "cpu")
 

@@ -208,3 +208,33 @@ def _write_tile(sink, i0, i1, j0, j1, res, futures):
     for fut in futures:
         fut.result()
     sink.write(i0, i1, j0, j1, res)
+
+
+class RowsNumpy:
+    """Rows of the symmetric all-vs-all RMSD matrix of ``x``, for rows of the caller's choosing (the
+    strips :mod:`protgpu.cluster` folds into counts and medoid state without holding F x F numbers).
+    The frames are centred once; :meth:`rows` is one GEMM and :func:`qcp_tile_numpy`, the same
+    elementwise QCP as :func:`pairwise_numpy`.
+
+    Parameters
+    ----------
+    x : np.ndarray, shape (F, N, 3)
+    fit : np.ndarray of int, optional
+    weights : np.ndarray (n_fit,), optional
+    precision : {"float64", "float32"}
+        dtype of the GEMM, as :func:`pairwise_numpy`.
+    """
+
+    def __init__(self, x, *, fit=None, weights=None, precision="float64"):
+        a, self.g = centre_frames_numpy(x, weights, fit)
+        self.a = a.astype(np.dtype(precision), copy=False)
+        self.inv_w = 1.0 / (self.a.shape[1] if weights is None else float(weights.sum()))
+        self.n = len(self.g)
+
+    def rows(self, idx) -> np.ndarray:
+        """RMSD of frames ``idx`` (int array, or a slice) to every frame: (len(idx), F) float64, Angstrom."""
+        idx = np.arange(self.n)[idx] if isinstance(idx, slice) else np.asarray(idx, dtype=np.int64)
+        r3 = (3 * idx[:, None] + np.arange(3)).reshape(-1)
+        with blas_threads(cpu_split(cpu_threads())[1]):
+            blocks = self.a[r3] @ self.a.T
+        return qcp_tile_numpy(blocks, self.g[idx], self.g, self.inv_w, False)

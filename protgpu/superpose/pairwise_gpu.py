@@ -267,3 +267,38 @@ def pairwise_cuda(x, y=None, *, fit=None, weights=None, precision="float64", out
     t = max(1, min(int(t), max(f, g), 65535 * kernels.PAIR_BLOCK[1]))
     streaming.stream_tiles(plan, sink, t, budget)
     return out
+
+
+def pairwise_rows_cuda(plan: PairPlan, idx, out_dtype=np.float64):
+    """RMSD of frames ``idx`` of a symmetric :class:`PairPlan` to every frame, on the device: a CuPy
+    (len(idx), F) array (the strips :mod:`protgpu.cluster` folds into its own state). The rows' stacked
+    coordinates are gathered from ``plan.a``; columns go in GEMM panels that fit half the device budget.
+
+    Parameters
+    ----------
+    plan : PairPlan
+        Made with ``y=None`` (its ``b`` is its ``a``).
+    idx : array of int (NumPy or CuPy)
+        Frame indices, at most 65535 * 8 of them (the kernel's grid.y).
+    out_dtype : dtype
+        float64 (default) or float32 (the plan's output dtype is used for the kernel's choice).
+    """
+    import copy
+
+    import cupy as cp
+
+    idx = cp.asarray(idx, dtype=cp.int64)
+    m = int(idx.size)
+    sub = copy.copy(plan)  # the plan's columns, the gathered rows
+    sub.a = plan.a[(3 * idx[:, None] + cp.arange(3)).reshape(-1)]
+    sub.ga, sub.f, sub.symmetric = plan.ga[idx], m, False
+    dst = cp.empty((m, plan.g), dtype=plan.odt)
+    avail = max(device_budget_bytes() // 2, 9 * m * 32 * plan.prec.itemsize)
+    p0 = 0
+    while p0 < plan.g:
+        p1 = p0 + sub.panel_cols(m, avail, 32, p0)
+        blocks = sub.gemm(0, m, p0, p1)
+        sub.qcp(blocks, p0, 0, m, p0, p1, dst, plan.g, 0, p0, 0)
+        del blocks
+        p0 = p1
+    return dst if dst.dtype == np.dtype(out_dtype) else dst.astype(out_dtype)
