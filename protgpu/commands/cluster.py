@@ -66,7 +66,7 @@ def run(args) -> int:
     from .._array import dispatch
     from ..batch.jobs.cluster import ClusterRun
     from ..batch.writers import write_table
-    from .rmsd import _load_coords
+    from .rmsd import load_coords
 
     if args.out and not args.out.lower().endswith(_TABLE_OUT):
         raise InputError(f"--out {args.out}: use a file name ending in {', '.join(_TABLE_OUT)}")
@@ -86,7 +86,7 @@ def run(args) -> int:
     if args.device != "auto":
         dispatch(device=args.device)
     paths = expand_inputs(args.inputs)
-    parts, entries = _load_coords(args, paths)
+    parts, entries = load_coords(args, paths, "cluster")
     if not parts:
         raise InputError(f"none of the {len(entries)} input(s) could be used")
     job.device = dispatch(device=args.device).device

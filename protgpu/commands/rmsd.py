@@ -115,11 +115,12 @@ def _check_suffix(path: str | None, allowed: tuple[str, ...], option: str) -> No
         raise InputError(f"{option} {path}: use a file name ending in {', '.join(allowed)}")
 
 
-def _load_coords(args, paths):
+def load_coords(args, paths, command: str = "pairwise-rmsd"):
     """Every input's coordinates after ``--select``, parsed by the batch engine (worker processes,
     ``--keep-going``). An input whose atom count differs from the first readable input's fails like an
     unreadable one. Returns the coordinate arrays of the inputs kept, in input order, and one manifest
-    entry per input (:func:`protgpu.batch.journal.write_run_record`)."""
+    entry per input (:func:`protgpu.batch.journal.write_run_record`). ``command`` names the subcommand
+    in its notes (pairwise-rmsd and cluster share this loader)."""
     from .. import batch
     from ..batch import CoordinatesJob
 
@@ -128,7 +129,7 @@ def _load_coords(args, paths):
     got: dict = {}
 
     def note(msg: str) -> None:
-        print(f"protgpu pairwise-rmsd: {msg}", file=sys.stderr)
+        print(f"protgpu {command}: {msg}", file=sys.stderr)
 
     batch.run(paths, CoordinatesJob(select=args.select, top=args.top), keep_going=args.keep_going, jobs=args.jobs,
               progress=not args.quiet, quiet=args.quiet, description="loading", log=None if args.quiet else note,
@@ -387,7 +388,7 @@ def run_pairwise(args) -> int:
     if args.device != "auto":
         dispatch(device=args.device)  # a forced device is checked before any input is read
     paths = expand_inputs(args.inputs)
-    parts, entries = _load_coords(args, paths)
+    parts, entries = load_coords(args, paths)
     # auto is decided once the inputs are loaded: deciding it first would import CuPy, and a process
     # that has loaded CuPy starts its loading workers from a forkserver instead of forking them.
     device = dispatch(device=args.device).device
