@@ -160,10 +160,14 @@ def entry_points(name: str) -> dict[str, tuple[Param, ...]]:
     return out
 
 
+# The NVRTC options besides the arch: one table, read by the compiler call and by the prebuilt cubins' key.
+PROGRAM_OPTIONS = {"std": "c++17", "name": "protgpu", "fma": True}
+
+
 def _program_options(arch: str):
     from cuda.core import ProgramOptions
 
-    return ProgramOptions(arch=arch, std="c++17", name="protgpu", fma=True)
+    return ProgramOptions(arch=arch, **PROGRAM_OPTIONS)
 
 
 def nvrtc_version() -> tuple[int, int]:
@@ -300,13 +304,33 @@ def get_kernel(name: str, entry: str, defines: dict | None = None, *, arch_speci
     arch = arch_specific_target(device_arch(dev)) if arch_specific else device_arch(dev)
     key = (dev.device_id, name, tuple(sorted((defines or {}).items())), arch)
     with _modules_lock:
+        kernel = None
         obj = _modules.get(key)
         if obj is None:
-            obj = compile_cubin(name, arch, defines)
+            obj, kernel = _load_module(name, entry, arch, defines)
             _modules[key] = obj
-    handle = KernelHandle(kernel=obj.get_kernel(entry), name=f"{name}.{entry}", params=params)
+    handle = KernelHandle(kernel=kernel or obj.get_kernel(entry), name=f"{name}.{entry}", params=params)
     _handles[hkey] = handle
     return handle
+
+
+def _load_module(name: str, entry: str, arch: str, defines: dict | None):
+    """``(ObjectCode, kernel of entry)``: the wheel's prebuilt cubin when one matches the source, defines
+    and arch exactly (:mod:`.prebuilt`), else NVRTC's (through the disk cache). A prebuilt cubin that the
+    driver cannot load (one too new for it) is set aside for NVRTC's."""
+    from cuda.core import ObjectCode
+
+    from . import prebuilt
+
+    code = prebuilt.lookup(name, arch, defines)
+    if code is not None:
+        obj = ObjectCode.from_cubin(code, name=f"{name}.cu")
+        try:
+            return obj, obj.get_kernel(entry)  # loads the module now, so that a failure falls back here
+        except Exception as exc:  # the driver's refusal comes as a generic CUDA error
+            prebuilt.note_unloadable(name, arch, exc)
+    obj = compile_cubin(name, arch, defines)
+    return obj, obj.get_kernel(entry)
 
 
 @cache
