@@ -243,6 +243,17 @@ def _compile_one(task: tuple[str, dict, str]) -> tuple[str, bytes, list, float]:
     return prebuilt_key(name, arch, defines), code, present, time.perf_counter() - t0
 
 
+def cache_one(task: tuple[str, dict, str]) -> float:
+    """Compile one module into the kernel cache in a worker process (``protgpu kernels --build``); returns
+    the seconds it took (a module already cached is a quick hit)."""
+    from .loader import compile_cubin
+
+    name, defines, arch = task
+    t0 = time.perf_counter()
+    compile_cubin(name, arch, defines)
+    return time.perf_counter() - t0
+
+
 def run_parallel(fn, items: list, jobs: int | None = None) -> list:
     """``[fn(x) for x in items]`` in ``jobs`` worker processes (default: the CPU count); NVRTC holds the
     GIL-free part of the work but one compile uses one core, so processes, not threads."""
@@ -258,9 +269,9 @@ def run_parallel(fn, items: list, jobs: int | None = None) -> list:
         return list(ex.map(fn, items))
 
 
-def build(out: Path, archs=DEFAULT_ARCHS, jobs: int | None = None, log=print) -> dict:
-    """Compile every default module for ``archs`` into ``out`` (``<arch>/<key>.cubin`` and ``index.json``)
-    and return the index.
+def build(out: Path, archs=DEFAULT_ARCHS, jobs: int | None = None, log=print, todo: list | None = None) -> dict:
+    """Compile every default module for ``archs`` (or the ``(kernel, defines, arch)`` of ``todo``) into
+    ``out`` (``<arch>/<key>.cubin`` and ``index.json``) and return the index.
 
     Raises
     ------
@@ -272,7 +283,8 @@ def build(out: Path, archs=DEFAULT_ARCHS, jobs: int | None = None, log=print) ->
     bad = [a for a in archs if not valid_arch(a)]
     if bad:
         raise KernelCompileError(f"{ARCHS_ENV}: {bad} are not targets of the form sm_XY or sm_XYa")
-    todo = tasks(archs)
+    todo = tasks(archs) if todo is None else todo
+    archs = sorted({arch for _n, _d, arch in todo})
     t0 = time.perf_counter()
     results = run_parallel(_compile_one, todo, jobs)
     entries = {}
