@@ -77,7 +77,8 @@ def _print_prebuilt(arch: str | None) -> None:
             print(f"prebuilt       none: {st['reason']}")
         return
     if arch is None:
-        print(f"prebuilt       {st['cubins']} cubins for {', '.join(st['archs'])} (NVRTC {st['nvrtc']}) in {st['folder']}")
+        print(f"prebuilt       {st['cubins']} cubins for {', '.join(st['archs'])} (NVRTC {st['nvrtc']}) "
+              f"in {st['folder']}")
         return
-    used = "used on this GPU" if st["matching"] else "none for this GPU: kernels are compiled with NVRTC"
+    used = "used on this GPU" if st["matching"] else "none match this GPU: kernels are compiled with NVRTC"
     print(f"prebuilt use   {st['matching']}/{st['modules']} default kernel modules for {arch}: {used}")

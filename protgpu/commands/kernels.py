@@ -21,8 +21,7 @@ def register(sub, common) -> None:
                     "--build, compile the kernel modules protgpu loads by default into the kernel cache for this "
                     "GPU (or each --arch), so that a first run compiles nothing; modules the installed wheel "
                     "ships prebuilt for that arch are skipped.",
-        example=[("protgpu kernels", "the entry points of every kernel file"),
-                 ("protgpu kernels --check", "compile everything for sm_80 and sm_90"),
+        example=[("protgpu kernels --check", "compile everything for sm_80 and sm_90"),
                  ("protgpu kernels --build", "fill the kernel cache for this GPU"),
                  ("protgpu kernels --build --arch sm_89,sm_120", "fill it for other GPUs (no GPU needed)")])
     mode = p.add_mutually_exclusive_group()

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ pytest.importorskip("cuda.core")
 
 from protgpu._cuda import loader, prebuilt  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[2]
 LDDT = ("lddt", {"LDDT_WARPS": 8})
 
 
@@ -204,3 +206,78 @@ def test_loader_falls_back_to_nvrtc_when_the_driver_refuses_the_cubin(pdir, fake
     assert kernel[2] == b"nvrtc"
     assert compiled == [("lddt", "sm_90", LDDT[1])]
     assert "driver cannot load it" in prebuilt.status()["rejected"][0][2]
+
+
+# --------------------------------------------------------------------------------------------------
+# Building: the hook without NVRTC, `protgpu kernels --build`
+
+
+def test_build_module_says_when_nvrtc_is_missing(monkeypatch, tmp_path, capsys):
+    def missing():
+        raise ImportError("no libnvrtc")
+
+    monkeypatch.setattr(loader, "nvrtc_version", missing)
+    assert prebuilt.main([str(tmp_path / "out")]) == prebuilt.NO_NVRTC
+    assert "NVRTC is not usable" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def _hook(tmp_path):
+    sys.path.insert(0, str(REPO))
+    try:
+        import hatch_build
+    finally:
+        sys.path.remove(str(REPO))
+
+    class App:
+        said: list = []
+
+        def display_warning(self, m):
+            self.said.append(m)
+
+        display_info = display_warning
+
+    return hatch_build, hatch_build.CustomBuildHook(str(REPO), {}, None, None, str(tmp_path), "wheel", App())
+
+
+def test_wheel_hook_ships_no_cubins_without_nvrtc_and_fails_on_a_compile_error(monkeypatch, tmp_path):
+    pytest.importorskip("hatchling")
+    hatch_build, hook = _hook(tmp_path)
+    rc = {"value": hatch_build.NO_NVRTC}
+    monkeypatch.setattr(hatch_build.subprocess, "run", lambda *a, **k: type("R", (), {"returncode": rc["value"]}))
+    monkeypatch.delenv(prebuilt.ARCHS_ENV, raising=False)
+    build_data = {"force_include": {}}
+    hook.initialize("standard", build_data)
+    assert build_data["force_include"] == {} and "ships no prebuilt cubins" in hook.app.said[-1]
+    hook.finalize("standard", build_data, "")
+    rc["value"] = 1
+    with pytest.raises(RuntimeError, match="compiling the prebuilt cubins failed"):
+        hook.initialize("standard", build_data)
+    hook.finalize("standard", build_data, "")
+    rc["value"] = 0
+    hook.initialize("standard", build_data)
+    assert list(build_data["force_include"].values()) == ["protgpu/_prebuilt"]
+    hook.finalize("standard", build_data, "")
+    assert hatch_build.NO_NVRTC == prebuilt.NO_NVRTC
+
+
+def test_kernels_build_fills_the_cache_for_the_archs_given(monkeypatch, tmp_path, capsys):
+    from protgpu.cli import main
+
+    monkeypatch.setenv("PROTGPU_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(loader, "_cache_obj", None)
+    monkeypatch.setattr(prebuilt, "tasks", lambda archs: [("lddt", LDDT[1], a) for a in archs])
+    assert main(["kernels", "--build", "--arch", "sm_90"]) == 0
+    out, err = capsys.readouterr()
+    assert "ok  lddt.cu  sm_90" in out and "1 kernel modules in the cache for sm_90" in err
+    assert len(list((tmp_path / "cache").glob("*.cubin"))) == 1
+    assert loader.program_cache().get(loader._cache_key("lddt", "sm_90", LDDT[1]))
+
+
+def test_kernels_build_without_a_gpu_needs_an_arch(monkeypatch, capsys):
+    from protgpu.cli import main
+
+    monkeypatch.setenv("PROTGPU_DISABLE_GPU", "1")
+    assert main(["kernels", "--build"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "give --arch sm_XY" in err and len(err.splitlines()) == 1
