@@ -44,8 +44,11 @@ SITE: list = []  # --site
 
 def _env(caches: Path, prebuilt: bool) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PROTGPU_NO_PREBUILT")}
-    if SITE:
-        env["PYTHONPATH"] = SITE[0]
+    # --site first; other PYTHONPATH entries (dependencies carried as wheels) stay, the checkout does not
+    keep = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and not Path(p).resolve().is_relative_to(REPO)]
+    if SITE or keep:
+        env["PYTHONPATH"] = os.pathsep.join([*SITE, *keep])
     env |= {"PROTGPU_CACHE_DIR": str(caches / "protgpu"), "CUPY_CACHE_DIR": str(caches / "cupy")}
     if not prebuilt:
         env["PROTGPU_NO_PREBUILT"] = "1"
@@ -74,8 +77,14 @@ def describe(py: str, work: Path) -> dict:
     r = subprocess.run([py, "-m", "protgpu.cli", "info", "--no-compile"], cwd=work, env=env, capture_output=True,
                        text=True)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("prebuilt", "GPU", "NVRTC", "protgpu "))]
+    # What the job's kernels came from: the main job through the API, then the prebuilt lookup's counts
+    # (a cubin the driver refused would be listed under "rejected").
+    code = ("import json, protgpu as pg; from protgpu._cuda import prebuilt; "
+            f"pg.contacts(pg.load({str(INPUT)!r})); print(json.dumps(prebuilt.status()))")
+    r = subprocess.run([py, "-c", code], cwd=work, env=env, capture_output=True, text=True)
+    used = r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else r.stderr[-500:]
     return {"protgpu_path": path, "has_prebuilt": not any(ln.startswith("prebuilt       none") for ln in lines),
-            "info": lines}
+            "info": lines, "prebuilt_in_a_run": used}
 
 
 def measure(py: str, prebuilt: bool, repeat: int, warm: int) -> dict:
@@ -116,6 +125,7 @@ def main(argv=None) -> int:
     print(f"protgpu: {about['protgpu_path']}")
     for line in about["info"]:
         print(f"  {line}")
+    print(f"  prebuilt lookups in one run: {about['prebuilt_in_a_run']}")
     if not about["has_prebuilt"]:
         print("warning: this protgpu has no prebuilt cubins (a checkout or an editable install, not the wheel)",
               file=sys.stderr)

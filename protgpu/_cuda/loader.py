@@ -324,7 +324,7 @@ def _load_module(name: str, entry: str, arch: str, defines: dict | None):
 
     code = prebuilt.lookup(name, arch, defines)
     if code is not None:
-        obj = ObjectCode.from_cubin(code, name=f"{name}.cu")
+        obj = ObjectCode.from_cubin(code)
         try:
             return obj, obj.get_kernel(entry)  # loads the module now, so that a failure falls back here
         except Exception as exc:  # the driver's refusal comes as a generic CUDA error
