@@ -55,6 +55,11 @@ def valid_arch(arch: str) -> bool:
     return bool(_ARCH.fullmatch(arch))
 
 
+def _arch_order(arch: str) -> tuple:
+    """Sort key of target names: by number (sm_80 before sm_100), then the plain target first."""
+    return (int(arch[3:].rstrip("a")), arch.endswith("a")) if valid_arch(arch) else (1 << 30, arch)
+
+
 # --------------------------------------------------------------------------------------------------
 # What is prebuilt
 
@@ -214,7 +219,7 @@ def status(arch: str | None = None) -> dict:
     if index is None:
         return out
     entries = index["entries"].values()
-    out |= {"archs": sorted({e.get("arch") for e in entries}), "cubins": len(index["entries"]),
+    out |= {"archs": sorted({str(e.get("arch")) for e in entries}, key=_arch_order), "cubins": len(index["entries"]),
             "nvrtc": index.get("nvrtc"), "built": index.get("built")}
     if arch:
         want = tasks([arch])
@@ -284,7 +289,7 @@ def build(out: Path, archs=DEFAULT_ARCHS, jobs: int | None = None, log=print, to
     if bad:
         raise KernelCompileError(f"{ARCHS_ENV}: {bad} are not targets of the form sm_XY or sm_XYa")
     todo = tasks(archs) if todo is None else todo
-    archs = sorted({arch for _n, _d, arch in todo})
+    archs = sorted({arch for _n, _d, arch in todo}, key=_arch_order)
     t0 = time.perf_counter()
     results = run_parallel(_compile_one, todo, jobs)
     entries = {}
@@ -294,7 +299,7 @@ def build(out: Path, archs=DEFAULT_ARCHS, jobs: int | None = None, log=print, to
         entries[key] = {"kernel": name, "arch": arch, "defines": {k: str(v) for k, v in sorted(defines.items())},
                         "entries": present, "sha256": hashlib.sha256(code).hexdigest(), "bytes": len(code),
                         "seconds": round(seconds, 2)}
-    index = {"schema": _SCHEMA, "nvrtc": "%d.%d" % nvrtc_version(), "archs": list(archs),
+    index = {"schema": _SCHEMA, "nvrtc": ".".join(map(str, nvrtc_version())), "archs": list(archs),
              "built": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "entries": entries}
     (out / INDEX).write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
     log(f"protgpu: {len(entries)} prebuilt cubins for {', '.join(archs)} in {time.perf_counter() - t0:.0f} s "
