@@ -38,7 +38,8 @@ def default_cache_dir() -> Path:
     return Path(base) / "protgpu" / "kernels"
 
 
-def unsafe_folder_reason(path: Path, *, create: bool = False) -> str | None:
+def unsafe_folder_reason(path: Path, *, create: bool = False, allow_root: bool = False,
+                         kind: str = "folder") -> str | None:
     """Why ``path`` is not a safe place for code that protgpu will run, or None when it is.
 
     Parameters
@@ -47,6 +48,10 @@ def unsafe_folder_reason(path: Path, *, create: bool = False) -> str | None:
         The folder (a symbolic link is judged by its target).
     create : bool
         Create it (mode 0700, parents as the umask says) when missing.
+    allow_root : bool
+        Accept root as the owner too (a package installed system-wide), not only the current user.
+    kind : str
+        ``"folder"``, or ``"file"`` to judge a file by the same owner and mode rules.
 
     Returns
     -------
@@ -62,11 +67,11 @@ def unsafe_folder_reason(path: Path, *, create: bool = False) -> str | None:
         st = os.stat(path)
     except OSError as exc:
         return f"it cannot be read ({exc.strerror or exc})"
-    if not stat.S_ISDIR(st.st_mode):
-        return "it is not a folder"
+    if not (stat.S_ISDIR(st.st_mode) if kind == "folder" else stat.S_ISREG(st.st_mode)):
+        return f"it is not a {kind}"
     if sys.platform == "win32":  # no POSIX owner and mode bits to judge
         return None
-    if st.st_uid != os.getuid():
+    if st.st_uid != os.getuid() and not (allow_root and st.st_uid == 0):
         return f"it is owned by another user (uid {st.st_uid})"
     if st.st_mode & 0o022:
         return f"it is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})"

@@ -160,10 +160,14 @@ def entry_points(name: str) -> dict[str, tuple[Param, ...]]:
     return out
 
 
+# The NVRTC options besides the arch: one table, read by the compiler call and by the prebuilt cubins' key.
+PROGRAM_OPTIONS = {"std": "c++17", "name": "protgpu", "fma": True}
+
+
 def _program_options(arch: str):
     from cuda.core import ProgramOptions
 
-    return ProgramOptions(arch=arch, std="c++17", name="protgpu", fma=True)
+    return ProgramOptions(arch=arch, **PROGRAM_OPTIONS)
 
 
 def nvrtc_version() -> tuple[int, int]:
@@ -300,13 +304,33 @@ def get_kernel(name: str, entry: str, defines: dict | None = None, *, arch_speci
     arch = arch_specific_target(device_arch(dev)) if arch_specific else device_arch(dev)
     key = (dev.device_id, name, tuple(sorted((defines or {}).items())), arch)
     with _modules_lock:
+        kernel = None
         obj = _modules.get(key)
         if obj is None:
-            obj = compile_cubin(name, arch, defines)
+            obj, kernel = _load_module(name, entry, arch, defines)
             _modules[key] = obj
-    handle = KernelHandle(kernel=obj.get_kernel(entry), name=f"{name}.{entry}", params=params)
+    handle = KernelHandle(kernel=kernel or obj.get_kernel(entry), name=f"{name}.{entry}", params=params)
     _handles[hkey] = handle
     return handle
+
+
+def _load_module(name: str, entry: str, arch: str, defines: dict | None):
+    """``(ObjectCode, kernel of entry)``: the wheel's prebuilt cubin when one matches the source, defines
+    and arch exactly (:mod:`.prebuilt`), else NVRTC's (through the disk cache). A prebuilt cubin that the
+    driver cannot load (one too new for it) is set aside for NVRTC's."""
+    from cuda.core import ObjectCode
+
+    from . import prebuilt
+
+    code = prebuilt.lookup(name, arch, defines)
+    if code is not None:
+        obj = ObjectCode.from_cubin(code)
+        try:
+            return obj, obj.get_kernel(entry)  # loads the module now, so that a failure falls back here
+        except Exception as exc:  # the driver's refusal comes as a generic CUDA error
+            prebuilt.note_unloadable(name, arch, exc)
+    obj = compile_cubin(name, arch, defines)
+    return obj, obj.get_kernel(entry)
 
 
 @cache
@@ -372,23 +396,36 @@ def launch(handle: KernelHandle, grid, block, *args, shared_mem: int = 0, stream
 
 def compile_timings() -> list[dict]:
     """Cold (NVRTC, no cache) and warm (from the disk cache) compile-and-load times of every kernel
-    source on the current device, in milliseconds."""
+    source on the current device, with its default defines, in milliseconds; ``prebuilt_ms`` is the load
+    of the wheel's prebuilt cubin (None when there is none for this device)."""
     from cuda.core import ObjectCode
 
+    from . import prebuilt
+
     arch = device_arch()
+    defaults: dict = {}
+    for name, defines, specific in prebuilt.default_configs():
+        if not specific:
+            defaults.setdefault(name, defines)
     out = []
     for name in kernel_files():
-        first_entry = next(iter(entry_points(name)))
+        defines = defaults.get(name)
         t0 = time.perf_counter()
-        cold = compile_cubin(name, arch, cache=False)
-        ObjectCode.from_cubin(bytes(cold.code)).get_kernel(first_entry)
+        cold = compile_cubin(name, arch, defines, cache=False)
+        entry = next(e for e in entry_points(name) if e.encode() in bytes(cold.code))
+        ObjectCode.from_cubin(bytes(cold.code)).get_kernel(entry)
         t1 = time.perf_counter()
-        program_cache()[_cache_key(name, arch)] = cold  # so that the warm load below is a hit
+        program_cache()[_cache_key(name, arch, defines)] = cold  # so that the warm load below is a hit
         t2 = time.perf_counter()
-        warm = compile_cubin(name, arch)
-        ObjectCode.from_cubin(bytes(warm.code)).get_kernel(first_entry)
+        warm = compile_cubin(name, arch, defines)
+        ObjectCode.from_cubin(bytes(warm.code)).get_kernel(entry)
         t3 = time.perf_counter()
-        out.append({"kernel": name, "cold_ms": (t1 - t0) * 1e3, "warm_ms": (t3 - t2) * 1e3})
+        code = prebuilt.lookup(name, arch, defines)
+        if code is not None:
+            ObjectCode.from_cubin(code).get_kernel(entry)
+        t4 = time.perf_counter()
+        out.append({"kernel": name, "cold_ms": (t1 - t0) * 1e3, "warm_ms": (t3 - t2) * 1e3,
+                    "prebuilt_ms": None if code is None else (t4 - t3) * 1e3})
     return out
 
 

@@ -41,6 +41,8 @@ def run(args) -> int:
         print(f"kernel cache   {default_cache_dir()}")
     except ImportError:
         print("kernel cache   (cuda-core not installed)")
+    else:
+        _print_prebuilt(None)
     if not gpu_available():
         print(f"GPU            none usable: {gpu_unavailable_reason()}")
         print("device         cpu (NumPy paths)")
@@ -55,8 +57,28 @@ def run(args) -> int:
     free, total = cupy.cuda.runtime.memGetInfo()
     print(f"GPU            {name} ({loader.device_arch()}), {total / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
     print(f"NVRTC          {'.'.join(map(str, loader.nvrtc_version()))}")
+    _print_prebuilt(loader.device_arch())
     if not args.no_compile:
-        print("kernels        cold compile+load / warm (disk cache) load")
+        print("kernels        cold compile+load / warm (disk cache) load / prebuilt load")
         for r in loader.compile_timings():
-            print(f"  {r['kernel']:<14} {r['cold_ms']:8.1f} ms / {r['warm_ms']:6.1f} ms")
+            pre = "-" if r["prebuilt_ms"] is None else f"{r['prebuilt_ms']:.1f} ms"
+            print(f"  {r['kernel']:<14} {r['cold_ms']:8.1f} ms / {r['warm_ms']:6.1f} ms / {pre}")
     return 0
+
+
+def _print_prebuilt(arch: str | None) -> None:
+    """The wheel's prebuilt cubins: found or why not, and with a GPU (``arch``) how many of the default
+    kernel modules they serve there."""
+    from .._cuda import prebuilt
+
+    st = prebuilt.status(arch)
+    if not st["found"]:
+        if arch is None:
+            print(f"prebuilt       none: {st['reason']}")
+        return
+    if arch is None:
+        print(f"prebuilt       {st['cubins']} cubins for {', '.join(st['archs'])} (NVRTC {st['nvrtc']}) "
+              f"in {st['folder']}")
+        return
+    used = "used on this GPU" if st["matching"] else "none match this GPU: kernels are compiled with NVRTC"
+    print(f"prebuilt use   {st['matching']}/{st['modules']} default kernel modules for {arch}: {used}")
