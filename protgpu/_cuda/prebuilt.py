@@ -2,7 +2,8 @@
 
 The wheel's build hook (``hatch_build.py``) runs :func:`build`: every kernel module the library loads
 with its default settings (:func:`default_configs`) is compiled by NVRTC, in parallel processes, for the
-common architectures (:data:`DEFAULT_ARCHS`, or ``$PROTGPU_WHEEL_ARCHS``) into ``protgpu/_prebuilt/``:
+architectures :func:`archs_from_env` names (all of :data:`DEFAULT_ARCHS` for a release wheel) into
+``protgpu/_prebuilt/``:
 ``<arch>/<key>.cubin`` plus ``index.json``, which records each cubin's SHA-256 and the NVRTC that made it.
 
 At run time :func:`lookup` serves a cubin only when its key, :func:`prebuilt_key`, matches: a SHA-256 over
@@ -307,14 +308,25 @@ def build(out: Path, archs=DEFAULT_ARCHS, jobs: int | None = None, log=print, to
     return index
 
 
-def archs_from_env(default=DEFAULT_ARCHS) -> tuple[str, ...]:
-    """``$PROTGPU_WHEEL_ARCHS`` as a tuple (comma-separated; ``none`` or empty for no cubins), else
-    ``default``."""
-    env = os.environ.get(ARCHS_ENV)
-    if env is None:
-        return tuple(default)
-    if env.strip().lower() in ("", "none"):
+def archs_from_env(default=None) -> tuple[str, ...]:
+    """The archs a wheel build compiles for, from ``$PROTGPU_WHEEL_ARCHS``.
+
+    ``all``: :data:`DEFAULT_ARCHS` (what a release wheel ships); a comma-separated list: those;
+    ``none`` or empty: no cubins; unset or ``auto``: the archs of the GPUs this machine has (none
+    without one), so that ``pip install .`` on a laptop compiles nothing and on a GPU machine only for
+    its GPU. ``default`` replaces the probe of ``auto`` (tests).
+    """
+    env = os.environ.get(ARCHS_ENV, "auto").strip().lower()
+    if env in ("", "none"):
         return ()
+    if env == "all":
+        return tuple(DEFAULT_ARCHS)
+    if env == "auto":
+        if default is not None:
+            return tuple(default)
+        from .gpu_archs import visible_gpu_archs
+
+        return visible_gpu_archs()
     return tuple(a.strip() for a in env.split(",") if a.strip())
 
 

@@ -149,7 +149,13 @@ def test_default_configs_cover_every_kernel_and_the_defines_the_library_uses():
 
 
 def test_archs_from_the_environment(monkeypatch):
+    # unset or auto: the GPUs present (none here, as on a laptop: a source install compiles nothing)
     monkeypatch.delenv(prebuilt.ARCHS_ENV, raising=False)
+    from protgpu._cuda.gpu_archs import visible_gpu_archs
+
+    assert prebuilt.archs_from_env() == visible_gpu_archs()
+    assert prebuilt.archs_from_env(default=("sm_89",)) == ("sm_89",)
+    monkeypatch.setenv(prebuilt.ARCHS_ENV, "all")
     assert prebuilt.archs_from_env() == prebuilt.DEFAULT_ARCHS
     monkeypatch.setenv(prebuilt.ARCHS_ENV, " sm_90, sm_120 ")
     assert prebuilt.archs_from_env() == ("sm_90", "sm_120")
@@ -237,7 +243,10 @@ def _hook(tmp_path):
 
         display_info = display_warning
 
-    return hatch_build, hatch_build.CustomBuildHook(str(REPO), {}, None, None, str(tmp_path), "wheel", App())
+    from hatchling.metadata.core import ProjectMetadata
+
+    return hatch_build, hatch_build.CustomBuildHook(str(REPO), {}, None, ProjectMetadata(str(REPO), None),
+                                                    str(tmp_path), "wheel", App())
 
 
 def test_wheel_hook_ships_no_cubins_without_nvrtc_and_fails_on_a_compile_error(monkeypatch, tmp_path):
@@ -245,7 +254,7 @@ def test_wheel_hook_ships_no_cubins_without_nvrtc_and_fails_on_a_compile_error(m
     hatch_build, hook = _hook(tmp_path)
     rc = {"value": hatch_build.NO_NVRTC}
     monkeypatch.setattr(hatch_build.subprocess, "run", lambda *a, **k: type("R", (), {"returncode": rc["value"]}))
-    monkeypatch.delenv(prebuilt.ARCHS_ENV, raising=False)
+    monkeypatch.setenv(prebuilt.ARCHS_ENV, "all")
     build_data = {"force_include": {}}
     hook.initialize("standard", build_data)
     assert build_data["force_include"] == {} and "ships no prebuilt cubins" in hook.app.said[-1]
@@ -259,6 +268,25 @@ def test_wheel_hook_ships_no_cubins_without_nvrtc_and_fails_on_a_compile_error(m
     assert list(build_data["force_include"].values()) == ["protgpu/_prebuilt"]
     hook.finalize("standard", build_data, "")
     assert hatch_build.NO_NVRTC == prebuilt.NO_NVRTC
+
+
+def test_a_source_build_without_a_gpu_compiles_nothing_and_needs_no_nvrtc(monkeypatch, tmp_path):
+    # pip install . on a laptop: PROTGPU_WHEEL_ARCHS unset, no GPU -> no compile, no NVRTC to download;
+    # a release build (all) asks for NVRTC and the runtime dependencies the hook's import needs
+    pytest.importorskip("hatchling")
+    hatch_build, hook = _hook(tmp_path)
+    monkeypatch.setattr(hatch_build.subprocess, "run", lambda *a, **k: pytest.fail("compiled without a GPU"))
+    monkeypatch.delenv(prebuilt.ARCHS_ENV, raising=False)
+    monkeypatch.setattr(hatch_build, "_wanted", lambda root: False)  # what the probe says on a GPU-less host
+    build_data = {"force_include": {}}
+    hook.initialize("standard", build_data)
+    assert build_data["force_include"] == {} and hook.dependencies() == []
+    monkeypatch.undo()
+    monkeypatch.setenv(prebuilt.ARCHS_ENV, "all")
+    deps = hook.dependencies()
+    assert any(d.startswith("nvidia-cuda-nvrtc") for d in deps) and any(d.startswith("numpy") for d in deps)
+    monkeypatch.setenv(prebuilt.ARCHS_ENV, "none")
+    assert hook.dependencies() == []
 
 
 def test_kernels_build_fills_the_cache_for_the_archs_given(monkeypatch, tmp_path, capsys):
