@@ -106,10 +106,12 @@ def check(dtype, B, L, H, d, mask=False, cutoff=None, shared=False, masked_row=F
         t = np.dtype(dtype)
         out_t, lse_t = attention_lse_numpy(q, k, v, xr, gamma, cutoff, m, dtype=t)
         ref_t = attention_backward_numpy(q, k, v, xr, gamma, cutoff, m, None, out_in, lse64, do, dtype=t)
-        ulp = float(np.finfo(t).eps)
+        # Floor: a few ulps of the largest value per sqrt(L) terms summed (float64: the twin's own error
+        # is 0 by construction, so the floor is the bound).
+        ulp = float(np.finfo(t).eps) * (64 if dtype == "float64" else 8)
         for name, g, r, rt in zip(("out", "lse", *names), (out, lse, *got), (out64, lse64, *ref),
                                   (out_t, lse_t, *ref_t), strict=True):
-            bound = 2 * err(rt, r) + 16 * ulp * scale_of(r) * max(1.0, np.sqrt(L) / 4)
+            bound = 2 * err(rt, r) + ulp * scale_of(r) * max(1.0, np.sqrt(L))
             assert err(g, r) <= bound, (name, err(g, r), bound)
     for a in (out, lse, *got):  # no NaN anywhere (rows without keys give -inf lse and zeros)
         assert not np.isnan(a).any()
