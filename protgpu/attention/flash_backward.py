@@ -30,8 +30,6 @@ from ..errors import InputError
 from .cuda import _MAX_GRID_YZ, _device_gamma
 from .flash import _STATIC_SMEM, flash_block_m, flash_config, flash_entry, fused_kernel
 
-__all__ = ["BWD_OVERRIDES", "bwd_config", "flash_backward", "flash_forward_lse", "supports"]
-
 MAX_HEAD_DIM = 128
 # Tile knobs of attention_flash_bwd.cu (BW_BM, BW_BN) that override bwd_config.
 BWD_OVERRIDES: dict = {}
