@@ -31,6 +31,10 @@ from .cuda import _MAX_GRID_YZ, _device_gamma
 from .flash import _STATIC_SMEM, flash_block_m, flash_config, flash_entry, fused_kernel
 
 MAX_HEAD_DIM = 128
+# flash_bwd_mma_* keeps the K, V fragments of 16 keys and the dK, dV accumulators in registers: beyond
+# d = 64 they would spill.
+MMA_MAX_HEAD_DIM = 64
+_MMA_TILE = 64  # BWM_BN: keys per block of flash_bwd_mma_*
 # Tile knobs of attention_flash_bwd.cu (BW_BM, BW_BN) that override bwd_config.
 BWD_OVERRIDES: dict = {}
 _SUFFIX = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64"}
@@ -51,15 +55,19 @@ def bwd_smem_bytes(d: int, bm: int, bn: int, itemsize: int) -> int:
 
 
 def bwd_config(precision: str, d: int) -> dict:
-    """Compile-time knobs of ``attention_flash_bwd.cu``: ``HEAD_DIM``, ``BW_KIND``, and square tiles
-    ``BW_BM = BW_BN``, the largest of 32, 16, 8 whose shared memory fits 48 KB; ``BWD_OVERRIDES``
-    replaces the tiles."""
+    """Compile-time knobs of ``attention_flash_bwd.cu``: ``HEAD_DIM``, ``BW_KIND``; ``BW_MMA`` 1 when the
+    tensor-core backward ``flash_bwd_mma_*`` runs the call (16-bit, ``d`` a multiple of 16 up to
+    ``MMA_MAX_HEAD_DIM``), else the CUDA-core ``flash_bwd_*`` with square tiles ``BW_BM = BW_BN``, the
+    largest of 32, 16, 8 whose shared memory fits 48 KB. ``BWD_OVERRIDES`` replaces any knob
+    (``BW_MMA=0`` forces the CUDA-core kernel)."""
     itemsize = 8 if precision == "float64" else 4
     tile = next((t for t in (32, 16, 8) if bwd_smem_bytes(d, t, t, itemsize) <= _STATIC_SMEM), None)
     if tile is None:
         raise InputError(f"head dimension {d} is too large for the attention backward kernel")
-    cfg = {"BW_BM": tile, "BW_BN": tile}
+    mma = precision in ("bfloat16", "float16") and d % 16 == 0 and d <= MMA_MAX_HEAD_DIM
+    cfg = {"BW_BM": tile, "BW_BN": tile, "BW_MMA": int(mma)}
     cfg.update(BWD_OVERRIDES)
+    cfg["BW_MMA"] = int(mma and bool(int(cfg["BW_MMA"])))
     cfg.update({"HEAD_DIM": d, "BW_KIND": _KIND[precision]})
     return cfg
 
@@ -346,8 +354,8 @@ def flash_backward(q, k, v, coords, gamma, cutoff, mask, scale, out, lse, dout) 
     g = lib.gamma(gamma, H, ar)
     from .. import _cuda
 
-    qc, kc, vc = (lib.ready(a) for a in (q, k, v))
-    oc, doc = lib.ready(out, qc.dtype), lib.ready(dout, qc.dtype)
+    qc, kc, vc = (lib.ready(a, align=16) for a in (q, k, v))  # (cp.async reads 16-byte chunks)
+    oc, doc = lib.ready(out, qc.dtype), lib.ready(dout, qc.dtype, align=16)
     lc = lib.ready(lse, adt)
     sixteen = prec in ("bfloat16", "float16")
     dq_acc = lib.zeros((B, L, H, d), adt)  # float32 / float64: the result itself
@@ -364,8 +372,9 @@ def flash_backward(q, k, v, coords, gamma, cutoff, mask, scale, out, lse, dout) 
     def build():
         st = np.float64 if prec == "float64" else np.float32
         hd = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_delta_{sfx}", cfg)
-        hb = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_{sfx}", cfg)
-        bn = int(cfg["BW_BN"])
+        mma = bool(cfg["BW_MMA"])
+        hb = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_{'mma_' if mma else ''}{sfx}", cfg)
+        bn = _MMA_TILE if mma else int(cfg["BW_BN"])
         plans = [
             _cuda.build_plan(hd, (_elementwise_grid(rows),), (_ELEMENTWISE_THREADS,),
                              (np.int32(L), np.int32(H), np.int64(rows))),

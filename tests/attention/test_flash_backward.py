@@ -32,12 +32,15 @@ def test_backward_entries_compile_with_bodies(precision):
     from protgpu._cuda.loader import compile_cubin
 
     sfx = fb._SUFFIX[precision]
-    bodied = {f"flash_bwd_fwd_{sfx}", f"flash_bwd_delta_{sfx}", f"flash_bwd_{sfx}"}
-    if precision in ("bfloat16", "float16"):
-        bodied.add(f"flash_bwd_dq_{sfx}")
     for arch, d in (("sm_80", 64), ("sm_90", 128)) if precision == "bfloat16" else (("sm_80", 64),):
-        sizes = text_sizes(bytes(compile_cubin("attention_flash_bwd", arch, fb.bwd_config(precision, d),
-                                               cache=False).code))
+        cfg = fb.bwd_config(precision, d)
+        bodied = {f"flash_bwd_fwd_{sfx}", f"flash_bwd_delta_{sfx}", f"flash_bwd_{sfx}"}
+        if precision in ("bfloat16", "float16"):
+            bodied.add(f"flash_bwd_dq_{sfx}")
+            if d <= fb.MMA_MAX_HEAD_DIM:  # the tensor-core backward (beyond: the CUDA-core one alone)
+                assert cfg["BW_MMA"] == 1
+                bodied.add(f"flash_bwd_mma_{sfx}")
+        sizes = text_sizes(bytes(compile_cubin("attention_flash_bwd", arch, cfg, cache=False).code))
         # (an empty kernel is an EXIT and padding: 256 bytes)
         assert all(sizes[e] > 512 for e in bodied), (arch, sizes)
         assert all(sizes[e] <= 256 for e in sizes if e not in bodied), (arch, sizes)
