@@ -202,6 +202,8 @@ class _Lib:
             if g.shape[0] != H:
                 raise InputError(f"gamma has {g.shape[0]} values for {H} heads")
             return g
+        if is_torch_tensor(gamma):  # a CPU tensor (perhaps a Parameter)
+            gamma = gamma.detach().numpy()
         g = np.asarray(gamma, dtype=np.float64).reshape(-1)
         if g.size == 1:
             g = np.full(H, g[0])
