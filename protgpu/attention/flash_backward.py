@@ -160,14 +160,20 @@ class _Lib:
         return self.cupy.zeros(shape, dtype=dtype)
 
     def ready(self, a, dtype=None, align: int = 1):
-        """``a`` C-contiguous (in ``dtype`` if given) with its base aligned to ``align`` bytes."""
+        """``a`` on q's device, C-contiguous (in ``dtype`` if given), its base aligned to ``align`` bytes."""
         if self.torch is not None:
+            if not is_torch_tensor(a):
+                a = self.torch.as_tensor(np.asarray(a), device=self.dev)
             a = a.detach()  # (the kernels read the data; nothing here is recorded by autograd)
+            if a.device != self.dev:  # (coordinates or a mask left on the host: copied over)
+                a = a.to(self.dev)
             if dtype is not None and a.dtype is not dtype:
                 a = a.to(dtype)
             if not a.is_contiguous() or a.data_ptr() % align:
                 a = a.clone(memory_format=self.torch.contiguous_format)
             return a
+        if not is_cupy_array(a):
+            a = self.cupy.asarray(np.asarray(a))
         if dtype is not None and a.dtype != dtype:
             a = a.astype(dtype)
         a = self.cupy.ascontiguousarray(a)
@@ -180,8 +186,8 @@ class _Lib:
         if m is None:
             return None
         if self.torch is not None:
-            return m.detach().to(self.torch.bool).contiguous().view(self.torch.uint8)
-        return self.cupy.ascontiguousarray(m.astype(bool)).view(self.cupy.uint8)
+            return self.ready(m, self.torch.bool).view(self.torch.uint8)
+        return self.ready(m, np.dtype(bool)).view(self.cupy.uint8)
 
     def ptr(self, a) -> int:
         if a is None:
