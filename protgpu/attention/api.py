@@ -5,6 +5,8 @@ twin (:mod:`protgpu.attention.reference`)."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from .._array import dispatch
@@ -86,9 +88,20 @@ def attention(q, k, v, coords, *, gamma, cutoff=None, mask=None, scale=None, ret
     >>> out.shape, w.shape, bool(np.allclose(w.sum(-1), 1))
     ((5, 2, 8), (2, 5, 5), True)
     """
+    torch = sys.modules.get("torch")
+    if torch is not None and any(isinstance(a, torch.Tensor) for a in (q, k, v, coords, gamma)):
+        from .autograd import attention_torch, needs_op
+
+        if needs_op(q, k, v, coords, gamma, return_weights):
+            return attention_torch(q, k, v, coords, gamma, cutoff, mask, scale, device)
     out = fast_attention(q, k, v, coords, gamma, cutoff, mask, scale, return_weights, method, device)
     if out is not None:
         return out
+    return _attention_general(q, k, v, coords, gamma, cutoff, mask, scale, return_weights, method, device)
+
+
+def _attention_general(q, k, v, coords, gamma, cutoff, mask, scale, return_weights, method, device):
+    """The general path of :func:`attention` (validation, choice of path, GPU or NumPy twin)."""
     coords_in, _ = _coords_input(coords)
     be = dispatch(q, k, v, coords_in, mask, device=device)
     p = _prepare(q, k, v, coords, gamma, cutoff, mask, scale, be)
