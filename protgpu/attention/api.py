@@ -19,6 +19,16 @@ from .reference import attention_numpy
 
 __all__ = ["attention"]
 
+_OP = None  # protgpu.attention.autograd once torch is in use (importing it imports torch)
+
+
+def _load_op():
+    global _OP
+    from . import autograd
+
+    _OP = autograd
+    return autograd
+
 
 def attention(q, k, v, coords, *, gamma, cutoff=None, mask=None, scale=None, return_weights=False,
               method="auto", device="auto"):
@@ -89,11 +99,12 @@ def attention(q, k, v, coords, *, gamma, cutoff=None, mask=None, scale=None, ret
     ((5, 2, 8), (2, 5, 5), True)
     """
     torch = sys.modules.get("torch")
-    if torch is not None and any(isinstance(a, torch.Tensor) for a in (q, k, v, coords, gamma)):
-        from .autograd import attention_torch, needs_op
-
-        if needs_op(q, k, v, coords, gamma, return_weights):
-            return attention_torch(q, k, v, coords, gamma, cutoff, mask, scale, device)
+    if torch is not None:
+        T = torch.Tensor
+        if isinstance(q, T) or isinstance(gamma, T) or isinstance(coords, T) or isinstance(k, T) or isinstance(v, T):
+            op = _OP or _load_op()
+            if op.needs_op(q, k, v, coords, gamma, return_weights):
+                return op.attention_torch(q, k, v, coords, gamma, cutoff, mask, scale, device)
     out = fast_attention(q, k, v, coords, gamma, cutoff, mask, scale, return_weights, method, device)
     if out is not None:
         return out
