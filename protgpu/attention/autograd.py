@@ -32,7 +32,7 @@ try:  # the flash backward kernels (branch w3-bwdkernel); the torch-math path st
 except ImportError:  # pragma: no cover - depends on the merge
     _flash_bwd = None
 
-__all__ = ["attention_torch", "needs_op"]
+__all__: list[str] = []  # internal API (see the module notes)
 
 # Logits held at once by the torch-math path (per chunk of heads): 2^26 float32 = 256 MiB.
 _TORCH_MATH_ELEMS = 1 << 26
