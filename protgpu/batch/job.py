@@ -94,11 +94,7 @@ class Job:
         :meth:`report_progress` as it goes (this one does after each input)."""
         out = []
         for k, it in enumerate(items):
-            _sink.span = (k, len(items))  # for report_input_progress
-            try:
-                out.append(self.compute_one(it))
-            finally:
-                _sink.span = None
+            out.append(self.compute_one(it))
             self.report_progress((k + 1) / len(items))
         return out
 
@@ -111,13 +107,6 @@ class Job:
         if fn is not None:
             fn(min(max(float(fraction), 0.0), 1.0))
 
-    @staticmethod
-    def report_input_progress(fraction: float) -> None:
-        """From :meth:`compute_one` under the default :meth:`compute`: ``fraction`` (0 to 1) of the
-        current input is done (its frames so far); reported as that input's share of the batch."""
-        k, n = getattr(_sink, "span", None) or (0, 1)
-        Job.report_progress((k + min(max(float(fraction), 0.0), 1.0)) / n)
-
     def compute_one(self, item):
         """The result of one parsed input (used by the default :meth:`compute`)."""
         raise NotImplementedError(f"{type(self).__name__} defines neither compute nor compute_one")
@@ -126,14 +115,6 @@ class Job:
         """Called once in the computing process right after the first inputs went to the parse
         workers: prepare what :meth:`compute` needs (a GPU context, kernels, reference data) while the
         workers start. Errors should be left for the inputs to meet."""
-
-
-def frame_slices(n_frames: int, chunks: int, min_frames: int) -> list[slice]:
-    """Slices cutting ``n_frames`` frames into about ``chunks`` pieces of at least ``min_frames``
-    frames (one slice for a short input): a long trajectory is computed piece by piece so that
-    progress advances during it (:meth:`Job.report_input_progress`)."""
-    step = max(int(min_frames), -(-int(n_frames) // max(int(chunks), 1)), 1)
-    return [slice(f0, min(n_frames, f0 + step)) for f0 in range(0, max(int(n_frames), 1), step)]
 
 
 def warm_device(device: str, on_gpu: Callable[[], object] | None = None) -> bool | None:

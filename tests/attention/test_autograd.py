@@ -45,6 +45,17 @@ def test_gradcheck_shared_coords_scalar_gamma_unbatched():
                                     (q1, k1, v1, xs))
 
 
+def test_gradcheck_through_the_registered_op():
+    """The op's own autograd registration (what torch.compile traces; eager calls take the Function)."""
+    q, k, v, x, g = inputs(L=7)
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    mask[0, 5:] = False
+    op = torch.ops.protgpu.attention
+    assert torch.autograd.gradcheck(lambda q, k, v, x, g: op(q, k, v, x, g, mask, 5.0, 0.4)[0], (q, k, v, x, g))
+    out, lse = op(q, k, v, x, g, None, None, 0.4)
+    assert out.requires_grad and not lse.requires_grad
+
+
 def test_rows_without_keys_give_zero_gradients():
     q, k, v, x, g = inputs()
     mask = torch.ones(2, 9, dtype=torch.bool)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..job import Job, frame_slices, warm_device
+from ..job import Job, warm_device
 from ..results import Result
 
 __all__ = ["ContactsJob"]
@@ -59,9 +59,6 @@ class ContactsJob(Job):
         self.device = device
         self.on_map = on_map
         self.batch_size = int(batch_size)
-        # a long trajectory is computed in about this many pieces of frames (each at least the minimum),
-        # each reported as progress (see _contacts)
-        self.progress_chunks, self.progress_min_frames = 20, 16
 
     def options(self) -> dict:
         return {"scheme": self.scheme, "cutoff": self.cutoff, "min_separation": self.min_separation,
@@ -85,47 +82,14 @@ class ContactsJob(Job):
 
         warm_device(self.device, load_kernel)
 
-    def _contacts(self, s):
-        """``protgpu.contacts(s)`` with the job's parameters; a long trajectory in pieces of frames, each
-        reported as progress, joined into the map the whole call gives: frames are independent, and the
-        frequency is the summed integer counts over the frame count, as contacts() takes it. Sparse
-        ``output="pairs"`` (frame numbers inside) is computed whole."""
-        from dataclasses import replace
-
+    def compute_one(self, item):
         from ...contacts import contacts
 
-        def call(x):
-            return contacts(x, scheme=self.scheme, cutoff=self.cutoff, min_separation=self.min_separation,
-                            residues=self.residues, frequency=self.frequency, output=self.output,
-                            inter_chain=self.inter_chain, periodic=None if self.periodic else False,
-                            device=self.device)
-
-        pieces = frame_slices(s.n_frames, self.progress_chunks, self.progress_min_frames)
-        if len(pieces) == 1 or (self.output == "pairs" and not self.frequency):
-            return call(s)
-        from ..._array import to_numpy
-
-        counts, dense, first = None, {}, None
-        for sl in pieces:
-            cm = call(s.frames(sl))
-            c = np.rint(to_numpy(cm.frequency) * cm.n_frames)  # the piece's integer counts, exactly
-            counts = c if counts is None else counts + c
-            for name in ("distances", "contacts"):
-                part = getattr(cm, name)
-                if part is not None:
-                    part = to_numpy(part)
-                    if name not in dense:
-                        dense[name] = np.empty((s.n_frames, *part.shape[1:]), part.dtype)
-                    dense[name][sl] = part
-            if first is None:
-                first = replace(cm, distances=None, contacts=None)
-            self.report_input_progress(sl.stop / s.n_frames)
-        return replace(first, frequency=counts / s.n_frames, n_frames=s.n_frames, **dense)
-
-    def compute_one(self, item):
         path, s = item
         t0 = time.perf_counter()
-        cm = self._contacts(s)
+        cm = contacts(s, scheme=self.scheme, cutoff=self.cutoff, min_separation=self.min_separation,
+                      residues=self.residues, frequency=self.frequency, output=self.output,
+                      inter_chain=self.inter_chain, periodic=None if self.periodic else False, device=self.device)
         arrays = cm.to_dict()  # on the host: the timing below includes the copy back
         dt = time.perf_counter() - t0
         if self.on_map is not None:

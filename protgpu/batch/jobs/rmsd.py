@@ -9,7 +9,7 @@ import numpy as np
 
 from ...errors import InputError
 from ..inputs import file_sha256
-from ..job import Job, frame_slices, warm_device
+from ..job import Job, warm_device
 from ..results import Result
 
 __all__ = ["CoordinatesJob", "RmsdJob"]
@@ -65,9 +65,6 @@ class RmsdJob(Job):
         self.keep_aligned = bool(keep_aligned)
         self.device = device
         self.batch_size = int(batch_size)
-        # a long input is computed in about this many pieces of frames (each at least the minimum), each
-        # reported as progress; frames are independent, so the pieces change no value
-        self.progress_chunks, self.progress_min_frames = 20, 256
         self.aligned: dict = {}
         # The reference's atoms, resolved once (a bad selection fails here, before any input).
         fit_r = self._indices(ref, fit, self.reference_name)
@@ -146,13 +143,8 @@ class RmsdJob(Job):
             r = to_numpy(res.rmsd)
             self.aligned[path] = (s, to_numpy(res.coords))
         else:
-            c = item["coords"]
-            parts = []
-            for sl in frame_slices(len(c), self.progress_chunks, self.progress_min_frames):
-                parts.append(to_numpy(rmsd(c[sl], self.ref_compact, fit=self.fit_idx, atoms=self.meas_idx,
-                                           device=self.device)))
-                self.report_input_progress(sl.stop / len(c))
-            r = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            r = to_numpy(rmsd(item["coords"], self.ref_compact, fit=self.fit_idx, atoms=self.meas_idx,
+                              device=self.device))
         return [{"input": path, "frame": i, "rmsd_angstrom": float(v)} for i, v in enumerate(r.tolist())]
 
 
