@@ -8,13 +8,13 @@ op's dispatch; a trace by torch.compile takes the op.
 Where the work runs: CPU tensors use the NumPy twin (:mod:`protgpu.attention.reference`, float64 inside);
 CUDA tensors use the flash kernels of :mod:`protgpu.attention.flash_backward` when its ``supports`` takes
 the call, else the existing GPU forward plus log-sum-exp and a backward in torch math
-(:func:`_torch_lse`, :func:`_torch_backward`: L x L per (batch entry, head chunk) in memory).
+(:func:`_torch_forward`, :func:`_torch_backward`: L x L per (batch entry, head chunk) in memory).
 
 :func:`needs_op` decides, in a few attribute reads, whether a call must take the op (an input requires
 grad, or torch.compile is tracing); every other call keeps the inference paths and their host cost.
 The formulas are in ``docs/design/differentiable.md``.
 
-Internal API (tests): :func:`attention_torch`, :func:`needs_op`, :func:`_torch_lse`,
+Internal API (tests): :func:`attention_torch`, :func:`needs_op`, :func:`_torch_forward`,
 :func:`_torch_backward`.
 """
 
@@ -91,10 +91,13 @@ def _forward_impl(q, k, v, coords, gamma, mask, cutoff, scale):
     q, else float32); never an input (a custom op's outputs must not alias its inputs)."""
     if q.is_cuda:
         if _flash_supported(q):
-            out, lse = _flash_bwd.flash_forward_lse(q, k, v, coords, gamma, cutoff, mask, scale)
+            out, lse = _flash_bwd.flash_forward_lse(q, k, v, coords.contiguous(), gamma, cutoff,
+                                                    None if mask is None else mask.contiguous(), scale)
             return out, lse.to(_compute_dtype(q))
+        if q.dtype is torch.float64:  # float64 coordinates throughout (the GPU forward reads float32)
+            return _torch_forward(q, k, v, coords, gamma, cutoff, mask, scale)
         out = _gpu_forward(q, k, v, coords, gamma, cutoff, mask, scale)
-        return out, _torch_lse(q, k, coords, gamma, cutoff, mask, scale)
+        return out, _torch_forward(q, k, None, coords, gamma, cutoff, mask, scale)[1]
     a = _host(q, k, v, coords, gamma, mask)
     out, lse = attention_lse_numpy(a[0], a[1], a[2], a[3], a[4], cutoff, a[5], scale)
     return _to_torch(out, q), torch.from_numpy(lse).to(_compute_dtype(q))
@@ -104,7 +107,8 @@ def _backward_impl(q, k, v, coords, gamma, mask, cutoff, scale, out, lse, dout):
     """Gradients (dq, dk, dv in q's dtype, dcoords in coords', dgamma in gamma's) of :func:`_forward_impl`."""
     if q.is_cuda:
         if _flash_supported(q):
-            grads = _flash_bwd.flash_backward(q, k, v, coords, gamma, cutoff, mask, scale, out, lse, dout)
+            grads = _flash_bwd.flash_backward(q, k, v, coords.contiguous(), gamma, cutoff,
+                                              None if mask is None else mask.contiguous(), scale, out, lse, dout)
         else:
             grads = _torch_backward(q, k, v, coords, gamma, cutoff, mask, scale, out, lse, dout)
     else:
@@ -128,8 +132,8 @@ def _register():
 
     @attention_op.register_fake
     def _attention_fake(q, k, v, coords, gamma, mask, cutoff, scale):
-        B, L, H, _ = q.shape
-        return torch.empty_like(q), q.new_empty((B, H, L), dtype=_compute_dtype(q))
+        B, L, H, _ = q.shape  # contiguous, as the real outputs are (empty_like would copy q's strides)
+        return q.new_empty(q.shape), q.new_empty((B, H, L), dtype=_compute_dtype(q))
 
     @torch.library.custom_op("protgpu::attention_backward", mutates_args=())
     def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, coords: torch.Tensor,
@@ -140,8 +144,8 @@ def _register():
 
     @attention_backward_op.register_fake
     def _attention_backward_fake(q, k, v, coords, gamma, mask, cutoff, scale, out, lse, dout):
-        return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(coords),
-                torch.empty_like(gamma))
+        return (q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), coords.new_empty(coords.shape),
+                gamma.new_empty(gamma.shape))
 
     def setup_context(ctx, inputs, output):
         q, k, v, coords, gamma, mask, cutoff, scale = inputs
@@ -210,7 +214,8 @@ def _gpu_forward(q, k, v, coords, gamma, cutoff, mask, scale):
     q, k, v, coords, gamma = (t.detach() for t in (q, k, v, coords, gamma))
     out = fast_attention(q, k, v, coords, gamma, cutoff, mask, scale, False, "auto", "auto")
     if out is None:
-        out = _attention_general(q, k, v, coords, gamma, cutoff, mask, scale, False, "auto", "auto")
+        out = _attention_general(q, k, v, coords.contiguous(), gamma, cutoff,
+                                 None if mask is None else mask.contiguous(), scale, False, "auto", "auto")
     return out
 
 
@@ -234,13 +239,20 @@ def _torch_chunks(q, k, coords, gamma, cutoff, mask, scale):
             yield b, hs, s.masked_fill(bad, -math.inf), d2
 
 
-def _torch_lse(q, k, coords, gamma, cutoff, mask, scale):
-    """Log-sum-exp (B, H, L) of the logits in torch math (-inf for a row with no key)."""
-    B, L, H, _ = q.shape
-    lse = q.new_empty((B, H, L), dtype=_compute_dtype(q))
+def _torch_forward(q, k, v, coords, gamma, cutoff, mask, scale):
+    """Output (None when ``v`` is None) and log-sum-exp (B, H, L) in torch math (lse -inf and output 0
+    for a row with no key)."""
+    B, L, H, d = q.shape
+    ct = _compute_dtype(q)
+    lse = q.new_empty((B, H, L), dtype=ct)
+    out = None if v is None else q.new_empty((B, L, H, d), dtype=ct)
     for b, hs, s, _ in _torch_chunks(q, k, coords, gamma, cutoff, mask, scale):
-        lse[b, hs] = torch.logsumexp(s, dim=-1)
-    return lse
+        ls = torch.logsumexp(s, dim=-1)
+        lse[b, hs] = ls
+        if out is not None:
+            p = torch.exp(s - torch.where(torch.isfinite(ls), ls, 0.0)[..., None])
+            out[b, :, hs] = torch.einsum("hij,jhc->ihc", p, v[b, :, hs].to(ct))
+    return (None if out is None else out.to(q.dtype)), lse
 
 
 def _torch_backward(q, k, v, coords, gamma, cutoff, mask, scale, out, lse, dout):

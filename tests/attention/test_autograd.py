@@ -72,6 +72,9 @@ def test_opcheck():
     mask = torch.ones(2, 9, dtype=torch.bool)
     torch.library.opcheck(torch.ops.protgpu.attention.default, (q, k, v, x, g, mask, 5.0, 0.5))
     torch.library.opcheck(torch.ops.protgpu.attention.default, (q, k, v, x, g, None, None, 0.5))
+    # dense but permuted q (a transposed projection): the fake's strides must still be the real ones
+    qt = torch.randn(2, 3, 9, 4, dtype=torch.float64).transpose(1, 2).requires_grad_()
+    torch.library.opcheck(torch.ops.protgpu.attention.default, (qt, k, v, x, g, None, None, 0.5))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -155,7 +158,7 @@ def test_compile_fullgraph_aot_eager():
 
 @pytest.mark.parametrize("cutoff,masked", [(None, False), (5.0, True)])
 def test_torch_math_backward_matches_twin(cutoff, masked, monkeypatch):
-    """The CUDA fallback's torch math (log-sum-exp and backward) equals the NumPy twin, here on the CPU,
+    """The CUDA fallback's torch math (forward, log-sum-exp and backward) equals the NumPy twin, here on the CPU,
     also when the heads run in chunks."""
     q, k, v, x, g = inputs(B=2, L=11, H=4, grad=False)
     mask = torch.rand(2, 11, generator=torch.Generator().manual_seed(2)) > 0.3 if masked else None
@@ -166,8 +169,10 @@ def test_torch_math_backward_matches_twin(cutoff, masked, monkeypatch):
                                    out, lse, dout.numpy())
     for elems in (1 << 26, 2 * 11 * 11):  # all heads at once; two heads a chunk
         monkeypatch.setattr(ag, "_TORCH_MATH_ELEMS", elems)
-        tl = ag._torch_lse(q, k, x, g, cutoff, mask, 0.6)
+        to, tl = ag._torch_forward(q, k, v, x, g, cutoff, mask, 0.6)
         np.testing.assert_allclose(tl.numpy(), lse, rtol=1e-12)
+        np.testing.assert_allclose(to.numpy(), out, rtol=1e-11, atol=1e-13)
+        assert ag._torch_forward(q, k, None, x, g, cutoff, mask, 0.6)[0] is None
         got = ag._torch_backward(q, k, v, x, g, cutoff, mask, 0.6, torch.from_numpy(out), tl, dout)
         for a, b in zip(got, ref, strict=True):
             np.testing.assert_allclose(a.numpy(), b, rtol=1e-10, atol=1e-12)

@@ -4,10 +4,10 @@ tolerances, torch.autograd.gradcheck in float64 on CUDA (finite differences), ga
 nn.Parameter on the fast path without host synchronisation (checked by capturing it in a CUDA graph),
 torch.compile (inductor) and CUDA graph capture of forward + backward.
 
-Tolerances: the error of each gradient, max |g - g64| / max |g64|, is at most 2e-5 in float32 and
-2e-2 / 3e-3 in bfloat16 / float16 (16-bit inputs and outputs, float32 accumulation: the kernels' own
-rounding of P and dS is of the order of the 16-bit epsilon, 7.8e-3 / 9.8e-4; the inputs are rounded to
-16 bits before the reference sees them)."""
+Tolerances: the error of the output and of each gradient, max |g - g64| / max |g64|, is at most 1e-4
+in float32 and 3e-2 / 1e-2 in bfloat16 / float16 (float32 accumulation; the 16-bit kernels round P and
+dS to 16 bits, whose epsilon is 7.8e-3 / 9.8e-4, and dgamma / dcoords sum L^2 such terms with
+cancellation; the inputs are rounded to 16 bits before the reference sees them)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from protgpu.attention.reference import attention_backward_numpy, attention_lse_
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
-TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}
+TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 
 
 def walk(B, L, seed=0):
