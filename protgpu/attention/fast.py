@@ -39,7 +39,10 @@ def _fast_plan(dev: int, precision: str, shape: tuple, xshape: tuple, mshape, cu
     general path (which also reports bad input)."""
     key = (dev, precision, shape, xshape, mshape, cutoff, scale,
            tuple(sorted(_flash.FLASH_OVERRIDES.items())) if _flash.FLASH_OVERRIDES else ())
-    plan = _PLANS.get(key)
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # an unhashable cutoff or scale (a 0-d array): the general path converts it
+        return None
     if plan is not None:
         return plan
     if not all(c is None or isinstance(c, (int, float, np.integer, np.floating)) for c in (cutoff, scale)):

@@ -182,3 +182,11 @@ def test_cupy_with_a_torch_gamma_requiring_grad_is_an_error(gpu):
     with pytest.raises(InputError, match="gives no gradients"):
         pg.attention(q, q, q, gpu.zeros((8, 3), dtype=gpu.float32),
                      gamma=torch.nn.Parameter(torch.zeros(2, device="cuda")))
+
+
+def test_fast_path_declines_an_unhashable_cutoff(gpu):
+    """A 0-d array cutoff cannot key a plan: the general path takes the call (same kernel, same numbers)
+    instead of a TypeError."""
+    q, k, v, x, g = problem(B=1, L=200)
+    got = pg.attention(q, k, v, x, gamma=g, cutoff=np.array(10.0))
+    assert torch.equal(got, pg.attention(q, k, v, x, gamma=g, cutoff=10.0))
