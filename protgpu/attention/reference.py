@@ -187,6 +187,21 @@ def attention_lse_numpy(q, k, v, coords, gamma, cutoff=None, mask=None, scale=No
     -------
     out : ndarray, shape of ``q``
     lse : ndarray, shape (B, H, L) or (H, L): ``log(sum_j exp(logit_ij))``, -inf for a row with no key.
+
+    Examples
+    --------
+    Four residues, one head; residue 3 is padding, and the weights are ``exp(logits - lse)``:
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(1)
+    >>> q, k, v = (rng.normal(size=(4, 1, 2)) for _ in range(3))
+    >>> x = np.arange(12.0).reshape(4, 3)
+    >>> out, lse = attention_lse_numpy(q, k, v, x, [0.01], mask=[True, True, True, False])
+    >>> out.shape, lse.shape
+    ((4, 1, 2), (1, 4))
+    >>> _, w = attention_numpy(q, k, v, x, gamma=[0.01], mask=[True, True, True, False], return_weights=True)
+    >>> bool(np.allclose(w.sum(-1), 1.0)), bool(np.isfinite(lse).all())
+    (True, True)
     """
     ct = np.dtype(dtype)
     qc, kc, vc, x, keep, g, sc, squeeze = _batched(q, k, v, coords, gamma, mask, scale, ct, coords_float32=False)
@@ -219,6 +234,21 @@ def attention_backward_numpy(q, k, v, coords, gamma, cutoff, mask, scale, out, l
     dq, dk, dv : ndarray, shape of ``q``
     dcoords : ndarray, shape of ``coords`` (a shared (L, 3) gets the sum over the batch)
     dgamma : ndarray, shape (H,)
+
+    Examples
+    --------
+    The gradient of ``sum(out * dout)`` with respect to gamma, against a central finite difference:
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(2)
+    >>> q, k, v = (rng.normal(size=(6, 2, 4)) for _ in range(3))
+    >>> x, g, dout = rng.normal(size=(6, 3)) * 3, np.array([0.05, 0.2]), rng.normal(size=(6, 2, 4))
+    >>> out, lse = attention_lse_numpy(q, k, v, x, g)
+    >>> dq, dk, dv, dx, dg = attention_backward_numpy(q, k, v, x, g, None, None, None, out, lse, dout)
+    >>> f = lambda g: (attention_lse_numpy(q, k, v, x, g)[0] * dout).sum()
+    >>> fd = (f(g + [1e-6, 0]) - f(g - [1e-6, 0])) / 2e-6
+    >>> bool(abs(dg[0] - fd) < 1e-6), dx.shape
+    (True, (6, 3))
     """
     ct = np.dtype(dtype)
     qc, kc, vc, x, keep, g, sc, squeeze = _batched(q, k, v, coords, gamma, mask, scale, ct, coords_float32=False)
