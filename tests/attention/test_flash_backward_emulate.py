@@ -1,4 +1,4 @@
-"""The index arithmetic of the tensor-core backward ``flash_bwd_mma_*`` (kernels/attention_flash_bwd.cu),
+"""The index arithmetic of the tensor-core backward ``flash_bwd_mma_*`` (kernels/attention_flash_bwd_mma.cuh),
 emulated on the CPU: ldmatrix (plain and .trans) and mma.sync m16n8k16 as the PTX manual defines their
 fragments, and the kernel's own lane addresses, fragment packing, shared-memory layout and loops,
 transcribed in float64 without 16-bit rounding. It must reproduce the NumPy twin to rounding: a wrong
