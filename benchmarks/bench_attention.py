@@ -17,6 +17,14 @@ and PV) and is also given as a fraction of the bf16 GEMM ceiling measured on the
 ``--sweep`` times tile configurations of the tensor-core kernel (FA_BLOCK_N, FA_STAGES, FA_WARPS, FA_MT,
 FA_MIN_BLOCKS) and reports the best, to be written into ``protgpu.attention.flash.flash_config``;
 ``--quick`` runs small CPU-only sizes (for machines without a GPU).
+
+Training rows (issue 20, torch in the same run): pg.attention forward + backward with gradients to q, k,
+v, coordinates and gamma (an ``nn.Parameter``) against SDPA forward + backward without bias (every
+backend; the best is the anchor, target within 2x) and with the bias built from coordinates in torch
+(autograd through cdist, target at least 3x slower than ours); the forward with gamma as an
+``nn.Parameter`` against SDPA without bias (target within 1.5x), and the host time per call (1 call
+minus x20) of both (target: ours at most SDPA's + 10 us). The ratios are printed and stored under
+``training_ratios``.
 """
 
 from __future__ import annotations
@@ -214,6 +222,8 @@ def gpu_rows(B, L, H, d, args, rows, extra):
         print("\nratios (targets: ours / SDPA without bias <= 1.5; SDPA with bias / ours >= 3):")
         for k_, v_ in ratios.items():
             print(f"  {k_}: {v_:.2f}")
+    if torch is not None:
+        train_rows(qt, kt, vt, xt, gamma, add, both, res, extra)
     run_c = kernel_launcher(qd, kd, vd, xd, gd, cfg, 100.0, scale)
     add("protgpu fused bf16 (kernel, cutoff 10 A) [x20]", time_gpu_batched(run_c),
         "key tiles beyond the cutoff of a warp's rows are skipped")
@@ -237,6 +247,91 @@ def gpu_rows(B, L, H, d, args, rows, extra):
 
     if args.sweep:
         sweep(qd, kd, vd, xd, gd, scale, d, L, B, H, extra)
+
+
+def train_rows(qt, kt, vt, xt, gamma, add, both, res, extra):
+    """Training rows (issue 20): forward + backward of pg.attention with gradients to q, k, v, coords and
+    gamma (an nn.Parameter), against SDPA forward + backward without bias (each backend, the best one as
+    the anchor) and with the bias built from coordinates in torch (autograd through cdist); and the
+    forward with gamma as an nn.Parameter (under no_grad: the fast path; with grad mode on: the op, which
+    also keeps the log-sum-exp) against SDPA without bias. Gradients through torch.autograd.grad, so that
+    nothing accumulates between calls."""
+    import torch
+    import torch.nn.functional as F
+
+    from protgpu.attention import attention
+    from protgpu.attention import autograd as ag
+
+    qg, kg, vg = (a.detach().clone().requires_grad_() for a in (qt, kt, vt))
+    xg = xt.detach().clone().requires_grad_()
+    gp = torch.nn.Parameter(torch.as_tensor(gamma, device="cuda", dtype=torch.float32))
+    dout = torch.randn_like(qt)
+    path = "flash_backward kernels" if ag._flash_supported(qg) else "GPU forward + torch-math backward (fallback)"
+
+    def ours_fb():
+        out = attention(qg, kg, vg, xg, gamma=gp)
+        torch.autograd.grad(out, (qg, kg, vg, xg, gp), dout)
+
+    res["fb"] = both("protgpu bf16 fwd+bwd (grads to q, k, v, coords, gamma)", ours_fb, path)
+    qh, kh, vh = (a.transpose(1, 2) for a in (qg, kg, vg))
+    douth = dout.transpose(1, 2)
+
+    def sdpa_fb():
+        out = F.scaled_dot_product_attention(qh, kh, vh)
+        torch.autograd.grad(out, (qg, kg, vg), douth)
+
+    res["sdpa_fb"] = both("torch SDPA bf16 fwd+bwd, no bias (default backend)", sdpa_fb)
+    best = res["sdpa_fb"][1]
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        for name in ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION"):
+            try:
+                with sdpa_kernel(getattr(SDPBackend, name)):
+                    best = min(best, add(f"torch SDPA bf16 fwd+bwd, no bias, {name.lower()} [x20]",
+                                         time_gpu_batched(sdpa_fb)))
+            except (RuntimeError, AttributeError) as exc:  # backend not built or not applicable
+                print(f"SDPA backend {name} (fwd+bwd): {str(exc).splitlines()[0][:100]}")
+    except ImportError:
+        pass
+    res["sdpa_fb_best"] = best
+
+    def sdpa_bias_fb():
+        bias = (-gp[None, :, None, None] * (torch.cdist(xg, xg) ** 2)[:, None]).to(torch.bfloat16)
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias)
+        torch.autograd.grad(out, (qg, kg, vg, xg, gp), douth)
+
+    B, L, H = qt.shape[:3]
+    if B * H * L * L * 2 * 6 < 0.3 * torch.cuda.get_device_properties(0).total_memory:
+        res["sdpa_bias_fb"] = both("torch SDPA bf16 fwd+bwd, bias from coordinates (cdist, autograd)",
+                                   sdpa_bias_fb, "gradients to q, k, v, coords, gamma; issue measured 5.15 ms")
+
+    def fwd_param():
+        with torch.no_grad():
+            return attention(qt, kt, vt, xt, gamma=gp)
+
+    res["param"] = both("protgpu fused bf16 fwd, gamma nn.Parameter, no_grad (fast path)", fwd_param)
+    res["param_op"] = both("protgpu fused bf16 fwd, gamma nn.Parameter, grad on (the op)",
+                           lambda: attention(qt, kt, vt, xt, gamma=gp), path)
+    sdpa = res["sdpa"]
+    ratios = {
+        "fwdbwd_over_sdpa_fwdbwd_best_x20 (<= 2)": res["fb"][1] / best,
+        "fwdbwd_over_sdpa_fwdbwd_best_1call": res["fb"][0] / best,
+        "param_fwd_over_sdpa_no_bias_1call (<= 1.5)": res["param"][0] / sdpa[0],
+        "param_fwd_over_sdpa_no_bias_x20": res["param"][1] / sdpa[1],
+        "param_fwd_with_grad_over_sdpa_no_bias_1call": res["param_op"][0] / sdpa[0],
+        "host_us_per_call_ours (1 call - x20)": (res["call"][0] - res["call"][1]) * 1e3,
+        "host_us_per_call_ours_param": (res["param"][0] - res["param"][1]) * 1e3,
+        "host_us_per_call_sdpa (target: ours <= sdpa + 10)": (sdpa[0] - sdpa[1]) * 1e3,
+    }
+    if "sdpa_bias_fb" in res:
+        ratios["sdpa_bias_coords_fwdbwd_over_ours_x20 (>= 3)"] = res["sdpa_bias_fb"][1] / res["fb"][1]
+        ratios["sdpa_bias_coords_fwdbwd_over_ours_1call"] = res["sdpa_bias_fb"][0] / res["fb"][0]
+    extra["training_ratios"] = ratios
+    extra["training_path"] = path
+    print("\ntraining ratios:")
+    for k_, v_ in ratios.items():
+        print(f"  {k_}: {v_:.2f}")
 
 
 def sweep_configs(d: int) -> list[dict]:
@@ -371,6 +466,25 @@ def cpu_rows(args, rows):
         t = time_cpu(lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias), repeat=3)
         rows.append({"impl": "torch SDPA CPU f32, materialised bias", "L": L, "ms": t["median_s"] * 1e3,
                      "tflops": fl / t["median_s"] / 1e12})
+        # forward + backward on the CPU (the NumPy twin) against torch autograd through the same bias
+        qg, kg, vg = (torch.from_numpy(a).requires_grad_() for a in (q, k, v))
+        xg = torch.from_numpy(x).requires_grad_()
+        gg = torch.as_tensor(gamma, dtype=torch.float32).requires_grad_()
+        dout = torch.ones_like(qg)
+
+        def ours():
+            torch.autograd.grad(attention(qg, kg, vg, xg, gamma=gg), (qg, kg, vg, xg, gg), dout)
+
+        def sdpa():
+            b = -gg[None, :, None, None] * (torch.cdist(xg, xg) ** 2)[:, None]
+            o = F.scaled_dot_product_attention(qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2),
+                                               attn_mask=b)
+            torch.autograd.grad(o, (qg, kg, vg, xg, gg), dout.transpose(1, 2))
+
+        for name, fn in (("protgpu CPU fwd+bwd (NumPy twin)", ours), ("torch SDPA CPU f32 fwd+bwd, bias (autograd)",
+                                                                      sdpa)):
+            t = time_cpu(fn, repeat=3)
+            rows.append({"impl": name, "L": L, "ms": t["median_s"] * 1e3})
     except ImportError:
         print("torch not installed: CPU SDPA anchor skipped")
 

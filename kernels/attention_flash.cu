@@ -75,6 +75,9 @@ typedef unsigned short __half;          // raw IEEE binary16 bits
 #ifndef FA_BIAS_MMA  // 1: the distance bias (no cutoff) on the tensor cores; 0: always 3 FMAs per logit
 #define FA_BIAS_MMA 1
 #endif
+#ifndef FA_WRITE_LSE  // 1: the *_lse_* entry points (which also write the log-sum-exp) have bodies and the
+#define FA_WRITE_LSE 0  // others are empty; 0: the reverse. One module compiles one kind.
+#endif
 
 #define FA_ROWS_PER_WARP (16 * FA_MT)
 #define FA_BLOCK_M (FA_ROWS_PER_WARP * FA_WARPS)
@@ -103,6 +106,7 @@ static_assert(FA_MT == 1 || FA_MT == 2, "FA_MT is 1 or 2");
 #define FA_NEG_INF __int_as_float(0xff800000)
 #define FA_INF __int_as_float(0x7f800000)
 #define FA_LOG2E 1.4426950408889634f
+#define FA_LN2 0.6931471805599453f
 
 #include "mma_ptx.cuh"  // cp.async, ldmatrix, mma.sync, 16-bit packing (inline PTX)
 
@@ -160,7 +164,7 @@ struct FaBlockBias {
 };
 
 // WG: the products on wgmma (sm_90a, HEAD_DIM = FA_BLOCK_N = 64, no cutoff), else on mma.sync.
-template <bool BF16, int MODE, bool WG, class Smem>
+template <bool BF16, int MODE, bool WG, bool LSE, class Smem>
 __device__ __forceinline__ void flash_attention_mma(Smem& sm, const FaBlockBias& bb,
                                                     const unsigned short* __restrict__ q,
                                                     const unsigned short* __restrict__ k,
@@ -168,8 +172,8 @@ __device__ __forceinline__ void flash_attention_mma(Smem& sm, const FaBlockBias&
                                                     const float* __restrict__ coords,
                                                     const float* __restrict__ gamma,
                                                     const unsigned char* __restrict__ mask,
-                                                    unsigned short* __restrict__ out, int L, int H, int xstride,
-                                                    int mstride, float scale, float cutoff2) {
+                                                    unsigned short* __restrict__ out, float* __restrict__ lse, int L,
+                                                    int H, int xstride, int mstride, float scale, float cutoff2) {
     constexpr bool CUTOFF = MODE == FA_MODE_CUTOFF;
     constexpr bool MMAB = MODE == FA_MODE_MMA;  // the bias on the tensor cores
     static_assert(!WG || (!CUTOFF && HEAD_DIM == 64 && FA_BLOCK_N == 64 && FA_WARPS == 4),
@@ -720,6 +724,21 @@ __device__ __forceinline__ void flash_attention_mma(Smem& sm, const FaBlockBias&
         for (int hh = 0; hh < 2; ++hh) {
             const float x = ls[mt][2 * hh];  // the whole row's sum (the mma added over the quad)
             const float inv = x > 0.f ? 1.f / x : 0.f;
+            if (LSE && tig == 0 && rok[mt][hh]) {
+                // lse (natural log) = log of the row's sum of 2^logit: the sum is l 2^m (m in log2 units;
+                // tensor-core path: in units of S, times sl2). Without a cutoff the logits here lack the
+                // row constant -gamma |x_i - o|^2, added back. -inf for a row with no key.
+                float v = FA_NEG_INF;
+                if (x > 0.f) {
+                    v = FA_LN2 * ((MMAB ? m[mt][hh] * sl2 : m[mt][hh]) + log2f(x));
+                    if (!CUTOFF) {
+                        const int r = row[mt][hh];
+                        const float dx = xb[3 * r] - cx, dy = xb[3 * r + 1] - cy, dz = xb[3 * r + 2] - cz;
+                        v -= gamma[h] * fmaf(dx, dx, fmaf(dy, dy, dz * dz));
+                    }
+                }
+                lse[((i64)b * H + h) * L + row[mt][hh]] = v;
+            }
             if (rok[mt][hh]) {
                 unsigned short* orow = ob + (i64)row[mt][hh] * rs + tig * 2;
 #pragma unroll
@@ -737,14 +756,14 @@ __device__ __forceinline__ void flash_attention_mma(Smem& sm, const FaBlockBias&
 // the origin only in a block without real rows (its first row with finite coordinates). The tensor-core path also needs the largest squared distance from the origin of the
 // block's query rows (finite ones, padding included) and of all real keys: one pass over the key
 // coordinates (L2-resident, shared by every block) and a block reduction.
-template <bool BF16, bool WG, class Smem>
+template <bool BF16, bool WG, bool LSE, class Smem>
 __device__ __forceinline__ void flash_entry(Smem& sm, const unsigned short* q, const unsigned short* k,
                                             const unsigned short* v, const float* coords, const float* gamma,
-                                            const unsigned char* mask, unsigned short* out, int L, int H,
-                                            int xstride, int mstride, float scale, float cutoff2) {
+                                            const unsigned char* mask, unsigned short* out, float* lse, int L,
+                                            int H, int xstride, int mstride, float scale, float cutoff2) {
     FaBlockBias bb = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, false};
     if (!WG && cutoff2 >= 0.f) {  // (the wgmma entry points are not launched with a cutoff)
-        flash_attention_mma<BF16, FA_MODE_CUTOFF, false>(sm, bb, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride,
+        flash_attention_mma<BF16, FA_MODE_CUTOFF, false, LSE>(sm, bb, q, k, v, coords, gamma, mask, out, lse, L, H, xstride, mstride,
                                                   scale, cutoff2);
         return;
     }
@@ -829,26 +848,55 @@ __device__ __forceinline__ void flash_entry(Smem& sm, const unsigned short* q, c
         }
     }
     if (mma)
-        flash_attention_mma<BF16, FA_MODE_MMA, WG>(sm, bb, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride,
+        flash_attention_mma<BF16, FA_MODE_MMA, WG, LSE>(sm, bb, q, k, v, coords, gamma, mask, out, lse, L, H, xstride, mstride,
                                                scale, cutoff2);
     else
-        flash_attention_mma<BF16, FA_MODE_F32, WG>(sm, bb, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride,
+        flash_attention_mma<BF16, FA_MODE_F32, WG, LSE>(sm, bb, q, k, v, coords, gamma, mask, out, lse, L, H, xstride, mstride,
                                                scale, cutoff2);
 }
 
+// Entry points. Without FA_WRITE_LSE the flash_attention_[wg_]{bf16,f16} ones have bodies; with it the
+// *_lse_* ones (which also write lse (B, H, L) float32, natural log, for the backward) have, and the others
+// are empty. Every module declares both kinds, so that the loader's signature list is one.
 extern "C" __global__ __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) void flash_attention_bf16(
     const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* coords, const float* gamma,
     const unsigned char* mask, __nv_bfloat16* out, int L, int H, int xstride, int mstride, float scale,
     float cutoff2) {
+#if !FA_WRITE_LSE
     __shared__ FaSmem sm;
-    flash_entry<true, false>(sm, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale, cutoff2);
+    flash_entry<true, false, false>(sm, q, k, v, coords, gamma, mask, out, nullptr, L, H, xstride, mstride, scale,
+                                    cutoff2);
+#endif
 }
 
 extern "C" __global__ __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) void flash_attention_f16(
     const __half* q, const __half* k, const __half* v, const float* coords, const float* gamma,
     const unsigned char* mask, __half* out, int L, int H, int xstride, int mstride, float scale, float cutoff2) {
+#if !FA_WRITE_LSE
     __shared__ FaSmem sm;
-    flash_entry<false, false>(sm, q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale, cutoff2);
+    flash_entry<false, false, false>(sm, q, k, v, coords, gamma, mask, out, nullptr, L, H, xstride, mstride, scale,
+                                     cutoff2);
+#endif
+}
+
+extern "C" __global__ __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) void flash_attention_lse_bf16(
+    const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* coords, const float* gamma,
+    const unsigned char* mask, __nv_bfloat16* out, float* lse, int L, int H, int xstride, int mstride, float scale,
+    float cutoff2) {
+#if FA_WRITE_LSE
+    __shared__ FaSmem sm;
+    flash_entry<true, false, true>(sm, q, k, v, coords, gamma, mask, out, lse, L, H, xstride, mstride, scale, cutoff2);
+#endif
+}
+
+extern "C" __global__ __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) void flash_attention_lse_f16(
+    const __half* q, const __half* k, const __half* v, const float* coords, const float* gamma,
+    const unsigned char* mask, __half* out, float* lse, int L, int H, int xstride, int mstride, float scale,
+    float cutoff2) {
+#if FA_WRITE_LSE
+    __shared__ FaSmem sm;
+    flash_entry<false, false, true>(sm, q, k, v, coords, gamma, mask, out, lse, L, H, xstride, mstride, scale, cutoff2);
+#endif
 }
 
 // The wgmma entry points (HEAD_DIM = FA_BLOCK_N = 64, FA_WARPS = 4, no cutoff): compiled for sm_90a; for
@@ -864,19 +912,41 @@ extern "C" __global__ __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) void flash_at
     const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* coords, const float* gamma,
     const unsigned char* mask, __nv_bfloat16* out, int L, int H, int xstride, int mstride, float scale,
     float cutoff2) {
-#if FA_HAS_WGMMA
+#if FA_HAS_WGMMA && !FA_WRITE_LSE
     __shared__ __align__(128) unsigned char raw[FA_WG_SMEM_BYTES];
-    flash_entry<true, true>(fa_wg_smem(raw), q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale,
-                            cutoff2);
+    flash_entry<true, true, false>(fa_wg_smem(raw), q, k, v, coords, gamma, mask, out, nullptr, L, H, xstride, mstride,
+                                   scale, cutoff2);
 #endif
 }
 
 extern "C" __global__ __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) void flash_attention_wg_f16(
     const __half* q, const __half* k, const __half* v, const float* coords, const float* gamma,
     const unsigned char* mask, __half* out, int L, int H, int xstride, int mstride, float scale, float cutoff2) {
-#if FA_HAS_WGMMA
+#if FA_HAS_WGMMA && !FA_WRITE_LSE
     __shared__ __align__(128) unsigned char raw[FA_WG_SMEM_BYTES];
-    flash_entry<false, true>(fa_wg_smem(raw), q, k, v, coords, gamma, mask, out, L, H, xstride, mstride, scale,
-                             cutoff2);
+    flash_entry<false, true, false>(fa_wg_smem(raw), q, k, v, coords, gamma, mask, out, nullptr, L, H, xstride, mstride,
+                                    scale, cutoff2);
+#endif
+}
+
+extern "C" __global__ __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) void flash_attention_wg_lse_bf16(
+    const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* coords, const float* gamma,
+    const unsigned char* mask, __nv_bfloat16* out, float* lse, int L, int H, int xstride, int mstride, float scale,
+    float cutoff2) {
+#if FA_HAS_WGMMA && FA_WRITE_LSE
+    __shared__ __align__(128) unsigned char raw[FA_WG_SMEM_BYTES];
+    flash_entry<true, true, true>(fa_wg_smem(raw), q, k, v, coords, gamma, mask, out, lse, L, H, xstride, mstride,
+                                  scale, cutoff2);
+#endif
+}
+
+extern "C" __global__ __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) void flash_attention_wg_lse_f16(
+    const __half* q, const __half* k, const __half* v, const float* coords, const float* gamma,
+    const unsigned char* mask, __half* out, float* lse, int L, int H, int xstride, int mstride, float scale,
+    float cutoff2) {
+#if FA_HAS_WGMMA && FA_WRITE_LSE
+    __shared__ __align__(128) unsigned char raw[FA_WG_SMEM_BYTES];
+    flash_entry<false, true, true>(fa_wg_smem(raw), q, k, v, coords, gamma, mask, out, lse, L, H, xstride, mstride,
+                                   scale, cutoff2);
 #endif
 }

@@ -65,6 +65,7 @@ SECTIONS = {
     "scoring": _from_test_module("test_scoring_gpu", "check_scoring_for_sanitizer", "scoring"),
     "superpose": _from_test_module("superpose.test_superpose_gpu", "check_superpose_for_sanitizer"),
     "consensus": _from_test_module("test_consensus_gpu", "check_consensus_for_sanitizer", "scoring"),
+    "attention_bwd": _from_test_module("test_flash_backward_gpu", "check_flash_backward_for_sanitizer", "attention"),
 }
 
 

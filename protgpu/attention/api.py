@@ -5,6 +5,8 @@ twin (:mod:`protgpu.attention.reference`)."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from .._array import dispatch
@@ -16,6 +18,16 @@ from .inputs import _coords_input, _from_compute, _prepare, _to_compute, _wrap_b
 from .reference import attention_numpy
 
 __all__ = ["attention"]
+
+_OP = None  # protgpu.attention.autograd once torch is in use (importing it imports torch)
+
+
+def _load_op():
+    global _OP
+    from . import autograd
+
+    _OP = autograd
+    return autograd
 
 
 def attention(q, k, v, coords, *, gamma, cutoff=None, mask=None, scale=None, return_weights=False,
@@ -38,7 +50,8 @@ def attention(q, k, v, coords, *, gamma, cutoff=None, mask=None, scale=None, ret
         Structure gives its CA atoms (one frame per batch entry).
     gamma : float or array, shape (H,)
         Distance penalty per head, per Angstrom^2, >= 0. ``gamma = 0`` without a cutoff is plain
-        attention.
+        attention. A torch tensor or ``nn.Parameter`` on the device is read on the device only (its
+        sign is then not checked); a learnt gamma is best kept >= 0 through a softplus.
     cutoff : float, optional
         Keys farther than ``cutoff`` Angstrom get weight 0.
     mask : array of bool, shape (B, L) or (L,), optional
@@ -59,9 +72,20 @@ def attention(q, k, v, coords, *, gamma, cutoff=None, mask=None, scale=None, ret
     Notes
     -----
     float16/bfloat16 q, k, v as torch CUDA tensors or CuPy arrays, with ``coords`` (and ``mask``) as
-    arrays of the same library on the same device and ``gamma`` given on the host, run without any host
-    synchronisation and with one kernel launch on the caller's current stream (torch's for tensors).
-    Coordinates on the device are not checked for NaN (the check would synchronise).
+    arrays of the same library on the same device and ``gamma`` on the host or on that device, run
+    without any host synchronisation and with one kernel launch on the caller's current stream (torch's
+    for tensors). Coordinates on the device are not checked for NaN (the check would synchronise).
+
+    **Gradients.** With torch tensors, the result is differentiable with respect to ``q``, ``k``, ``v``,
+    ``coords`` and ``gamma`` (not ``mask``, ``cutoff`` or ``scale``: the mask and the cutoff are steps)
+    whenever one of them requires grad and grad mode is on; the call then runs as the custom op
+    ``protgpu::attention`` (registered with ``torch.library``, with a fake implementation, so it also
+    runs under ``torch.compile(fullgraph=True)`` and in CUDA graphs). CUDA tensors use the flash-style
+    backward kernel (memory O(B L H d)) where it takes the call; CPU tensors use the NumPy twin in
+    float64 (float64 inputs keep float64 coordinates: ``torch.autograd.gradcheck`` passes). ``method``
+    is ignored there. Inputs that require grad on a path without gradients (``return_weights=True``,
+    NumPy / CuPy q, k, v) raise rather than return a detached result; under ``torch.no_grad()`` every
+    path is open. See ``docs/design/differentiable.md``.
 
     Returns
     -------
@@ -72,7 +96,8 @@ def attention(q, k, v, coords, *, gamma, cutoff=None, mask=None, scale=None, ret
     Raises
     ------
     InputError
-        Shapes that do not agree, a non-boolean mask, negative gamma, NaN coordinates of real residues.
+        Shapes that do not agree, a non-boolean mask, negative gamma, NaN coordinates of real residues;
+        inputs that require grad with ``return_weights=True`` or with NumPy / CuPy q, k, v.
     MemoryBudgetError
         ``return_weights=True`` with weights larger than host (or device) memory.
 
@@ -86,9 +111,21 @@ def attention(q, k, v, coords, *, gamma, cutoff=None, mask=None, scale=None, ret
     >>> out.shape, w.shape, bool(np.allclose(w.sum(-1), 1))
     ((5, 2, 8), (2, 5, 5), True)
     """
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        T = torch.Tensor
+        if isinstance(q, T) or isinstance(gamma, T) or isinstance(coords, T) or isinstance(k, T) or isinstance(v, T):
+            op = _OP or _load_op()
+            if op.needs_op(q, k, v, coords, gamma, return_weights):
+                return op.attention_torch(q, k, v, coords, gamma, cutoff, mask, scale, device)
     out = fast_attention(q, k, v, coords, gamma, cutoff, mask, scale, return_weights, method, device)
     if out is not None:
         return out
+    return _attention_general(q, k, v, coords, gamma, cutoff, mask, scale, return_weights, method, device)
+
+
+def _attention_general(q, k, v, coords, gamma, cutoff, mask, scale, return_weights, method, device):
+    """The general path of :func:`attention` (validation, choice of path, GPU or NumPy twin)."""
     coords_in, _ = _coords_input(coords)
     be = dispatch(q, k, v, coords_in, mask, device=device)
     p = _prepare(q, k, v, coords, gamma, cutoff, mask, scale, be)

@@ -8,17 +8,15 @@ kernel itself at L = 4096. A call on torch CUDA tensors or CuPy arrays of float1
 coordinates (and mask) on the same device takes this path instead: the operands are passed by pointer
 as they are (copied only when strided or not 16-byte aligned), shared (L, 3) coordinates and (L,) masks
 by a batch stride of 0, the output is allocated by the caller's library on its current stream, and
-everything that depends only on the call's shapes and constants (kernel, grid, scalar arguments, gamma
-on the device) is kept in a plan. Its host time is measured (``benchmarks/bench_attention.py``): keep
-per-call work out of it.
+everything that depends only on the call's shapes and constants (kernel, grid, scalar arguments) is kept
+in a plan. gamma given on the host is uploaded once per value; gamma on the device (a torch tensor or
+``nn.Parameter``, a CuPy array) is passed by pointer and never read on the host. Its host time is
+measured (``benchmarks/bench_attention.py``): keep per-call work out of it.
 
 Internal API (tests): :func:`fast_attention`.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -31,33 +29,24 @@ from .inputs import _check_cutoff_scale, _check_gamma
 
 _PLANS: dict = {}
 _MAX_PLANS = 256
+_GAMMAS: dict = {}  # (device, H, host gamma value) -> (H,) float32 CuPy array (see _host_gamma_ptr)
+_TORCH: dict = {}  # torch objects looked up once: the 16-bit dtypes' names, the raw-stream getter
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """What a fast-path launch needs beyond the operands' pointers."""
-
-    kernel: Any  # protgpu._cuda.LaunchPlan: kernel, grid, scalar tail L, H, xstride, mstride, scale, cutoff2
-    gamma: Any  # (H,) float32 CuPy array, kept alive here
-
-
-def _fast_plan(precision: str, shape: tuple, xshape: tuple, mshape, gamma, cutoff, scale) -> _Plan | None:
-    """The plan of a fast-path call, or None when the call must take the general path (which also
-    reports bad input)."""
-    if not all(c is None or isinstance(c, (int, float, np.integer, np.floating)) for c in (cutoff, scale)):
-        return None
+def _fast_plan(dev: int, precision: str, shape: tuple, xshape: tuple, mshape, cutoff, scale):
+    """The prepared launch (``protgpu._cuda.LaunchPlan``: kernel, grid, scalar tail L, H, xstride,
+    mstride, scale, cutoff2) of a fast-path call on device ``dev``, or None when the call must take the
+    general path (which also reports bad input)."""
+    key = (dev, precision, shape, xshape, mshape, cutoff, scale,
+           tuple(sorted(_flash.FLASH_OVERRIDES.items())) if _flash.FLASH_OVERRIDES else ())
     try:
-        g = np.asarray(to_numpy(gamma), dtype=np.float64)
-    except (TypeError, ValueError):
+        plan = _PLANS.get(key)
+    except TypeError:  # an unhashable cutoff or scale (a 0-d array): the general path converts it
         return None
-    key = (precision, shape, xshape, mshape, g.shape, g.tobytes(), cutoff, scale,
-           tuple(sorted(_flash.FLASH_OVERRIDES.items())))
-    import cupy
-
-    dev = cupy.cuda.runtime.getDevice()
-    plan = _PLANS.get((dev, key))
     if plan is not None:
         return plan
+    if not all(c is None or isinstance(c, (int, float, np.integer, np.floating)) for c in (cutoff, scale)):
+        return None
     B, L, H, d = (1, *shape) if len(shape) == 3 else shape
     if min(B, L, H, d) < 1 or B > _MAX_GRID_YZ or H > _MAX_GRID_YZ or fused_kernel(precision, d) != "mma":
         return None
@@ -74,7 +63,6 @@ def _fast_plan(precision: str, shape: tuple, xshape: tuple, mshape, gamma, cutof
     else:
         return None
     try:
-        g = _check_gamma(g, H)
         cutoff_f, scale_f = _check_cutoff_scale(cutoff, scale, d)
     except InputError:
         return None
@@ -86,35 +74,67 @@ def _fast_plan(precision: str, shape: tuple, xshape: tuple, mshape, gamma, cutof
     handle = _cuda.get_kernel("attention_flash", entry, cfg, arch_specific=arch_specific)
     rows = flash_block_m(cfg)
     tail = (np.int32(L), np.int32(H), np.int32(xstride), np.int32(mstride), np.float32(scale_f), np.float32(cutoff2))
-    kernel = _cuda.build_plan(handle, ((L + rows - 1) // rows, H, B), (32 * int(cfg["FA_WARPS"]),), tail)
-    plan = _Plan(kernel, _device_gamma(g, np.float32))
+    plan = _cuda.build_plan(handle, ((L + rows - 1) // rows, H, B), (32 * int(cfg["FA_WARPS"]),), tail)
     if len(_PLANS) >= _MAX_PLANS:
-        _PLANS.clear()  # plans hold no memory that a kernel in flight reads (gamma lives in _GAMMA_CACHE)
-    _PLANS[(dev, key)] = plan
+        _PLANS.clear()  # plans hold no memory that a kernel in flight reads
+    _PLANS[key] = plan
     return plan
 
 
-def _host_gamma(gamma) -> bool:
-    """gamma given on the host (reading a device gamma would synchronise: the general path does that)."""
-    return not is_cupy_array(gamma) and not (is_torch_tensor(gamma) and gamma.is_cuda)
+def _host_gamma_ptr(dev: int, gamma, H: int) -> int | None:
+    """The device address of host ``gamma`` (a number, sequence or array) as (H,) float32, uploaded once
+    per value and device; None when it is not valid (the general path reports it). A Python number or
+    sequence of numbers is its own key: no array is made on a hit."""
+    if isinstance(gamma, (float, int)):
+        key = (dev, H, gamma)
+    elif isinstance(gamma, (tuple, list)):
+        key = (dev, H, tuple(gamma))
+    else:
+        try:
+            g = np.asarray(to_numpy(gamma), dtype=np.float64)
+        except (TypeError, ValueError):
+            return None
+        key = (dev, H, g.shape, g.tobytes())
+    try:
+        hit = _GAMMAS.get(key)
+    except TypeError:  # a sequence with an unhashable element
+        return None
+    if hit is None:
+        try:
+            g = _check_gamma(np.asarray(to_numpy(gamma), dtype=np.float64), H)
+        except (InputError, TypeError, ValueError):
+            return None
+        hit = _device_gamma(g, np.float32)  # never freed: a kernel in flight may read it
+        if len(_GAMMAS) < _MAX_PLANS:
+            _GAMMAS[key] = hit
+    return hit.data.ptr
+
+
+def _torch_setup() -> dict:
+    import torch
+
+    _TORCH["precision"] = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    # The raw handle without building a torch.cuda.Stream object (microseconds a call); inductor's
+    # generated code calls the same function.
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    _TORCH["stream"] = raw if raw is not None else (lambda i: torch.cuda.current_stream(i).cuda_stream)
+    return _TORCH["precision"]
 
 
 def _fast_torch(q, k, v, coords, gamma, cutoff, mask, scale):
     import torch
 
-    dt = q.dtype
-    if dt is torch.bfloat16:
-        precision = "bfloat16"
-    elif dt is torch.float16:
-        precision = "float16"
-    else:
+    precision = (_TORCH.get("precision") or _torch_setup()).get(q.dtype)
+    if precision is None:
         return None
     dev = q.device
-    if dev.type != "cuda" or not _host_gamma(gamma):
+    if dev.type != "cuda":
         return None
+    T = torch.Tensor
     for t in (k, v, coords) if mask is None else (k, v, coords, mask):
-        if not is_torch_tensor(t) or t.device != dev:
+        if not isinstance(t, T) or t.device != dev:
             return None
+    dt = q.dtype
     if k.dtype is not dt or v.dtype is not dt or (mask is not None and mask.dtype is not torch.bool):
         return None
     shape = tuple(q.shape)
@@ -122,14 +142,36 @@ def _fast_torch(q, k, v, coords, gamma, cutoff, mask, scale):
         return None
     import cupy
 
-    if dev.index != cupy.cuda.runtime.getDevice():
+    devi = dev.index
+    if devi != cupy.cuda.runtime.getDevice():
         return None
-    plan = _fast_plan(precision, shape, tuple(coords.shape), None if mask is None else tuple(mask.shape), gamma,
+    H = shape[-2]
+    g = None
+    if isinstance(gamma, T) and gamma.is_cuda:
+        # gamma on the device (an nn.Parameter): by pointer, never read on the host (that would
+        # synchronise; so a negative value is not reported). Another dtype or a scalar is converted on the
+        # stream.
+        if gamma.device != dev:
+            return None
+        g = gamma  # requires no grad here, or grad mode is off (else the call took the op: api.needs_op)
+        if g.dim() == 0:
+            g = g.expand(H)
+        elif tuple(g.shape) != (H,):
+            return None
+        if g.dtype is not torch.float32 or not g.is_contiguous():
+            g = g.to(torch.float32).contiguous()
+        gptr = g.data_ptr()
+    else:
+        gptr = _host_gamma_ptr(devi, gamma, H)
+        if gptr is None:
+            return None
+    plan = _fast_plan(devi, precision, shape, tuple(coords.shape), None if mask is None else tuple(mask.shape),
                       cutoff, scale)
     if plan is None:
         return None
-    # Copies (strided or misaligned operands, other coordinate dtypes) stay referenced until the launch
-    # is enqueued: freed earlier, their memory could be handed to the next copy before the kernel reads it.
+    # Copies (strided or misaligned operands, other coordinate or gamma dtypes) stay referenced until the
+    # launch is enqueued: freed earlier, their memory could be handed to the next copy before the kernel
+    # reads it.
     ops = [t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
            for t in (q, k, v)]  # cp.async reads 16-byte chunks
     x = coords
@@ -137,9 +179,8 @@ def _fast_torch(q, k, v, coords, gamma, cutoff, mask, scale):
         x = x.to(torch.float32).contiguous()
     m = None if mask is None else mask.contiguous()
     out = torch.empty(shape, dtype=dt, device=dev)
-    plan.kernel.launch(torch.cuda.current_stream(dev).cuda_stream, dev.index,
-                       ops[0].data_ptr(), ops[1].data_ptr(), ops[2].data_ptr(), x.data_ptr(), plan.gamma.data.ptr,
-                       0 if m is None else m.data_ptr(), out.data_ptr())
+    plan.launch(_TORCH["stream"](devi), devi, ops[0].data_ptr(), ops[1].data_ptr(), ops[2].data_ptr(),
+                x.data_ptr(), gptr, 0 if m is None else m.data_ptr(), out.data_ptr())
     return out
 
 
@@ -153,7 +194,9 @@ def _fast_cupy(q, k, v, coords, gamma, cutoff, mask, scale):
         precision = "bfloat16"
     else:
         return None
-    if not _host_gamma(gamma) or not all(is_cupy_array(a) for a in (k, v, coords)):
+    if is_torch_tensor(gamma) and gamma.is_cuda:
+        return None  # a torch gamma with CuPy operands: the general path converts it
+    if not all(is_cupy_array(a) for a in (k, v, coords)):
         return None
     if mask is not None and not (is_cupy_array(mask) and mask.dtype == np.bool_):
         return None
@@ -162,16 +205,27 @@ def _fast_cupy(q, k, v, coords, gamma, cutoff, mask, scale):
     dev = cupy.cuda.runtime.getDevice()
     if any(a.device.id != dev for a in (q, k, v, coords) + (() if mask is None else (mask,))):
         return None
-    plan = _fast_plan(precision, q.shape, coords.shape, None if mask is None else mask.shape, gamma, cutoff, scale)
+    H = q.shape[-2]
+    g = None
+    if is_cupy_array(gamma):
+        # On the device: by pointer, never read on the host (see _fast_torch).
+        if gamma.device.id != dev or gamma.shape not in ((), (H,)):
+            return None
+        g = cupy.ascontiguousarray(cupy.broadcast_to(gamma, (H,)), dtype=cupy.float32)
+        gptr = g.data.ptr
+    else:
+        gptr = _host_gamma_ptr(dev, gamma, H)
+        if gptr is None:
+            return None
+    plan = _fast_plan(dev, precision, q.shape, coords.shape, None if mask is None else mask.shape, cutoff, scale)
     if plan is None:
         return None
     q, k, v = (_aligned(a, cupy) for a in (q, k, v))
     x = cupy.ascontiguousarray(coords, dtype=cupy.float32)
     m = None if mask is None else cupy.ascontiguousarray(mask)
     out = cupy.empty(q.shape, dtype=dt)
-    plan.kernel.launch(cupy.cuda.get_current_stream().ptr, dev,
-                       q.data.ptr, k.data.ptr, v.data.ptr, x.data.ptr, plan.gamma.data.ptr,
-                       0 if m is None else m.data.ptr, out.data.ptr)
+    plan.launch(cupy.cuda.get_current_stream().ptr, dev, q.data.ptr, k.data.ptr, v.data.ptr, x.data.ptr, gptr,
+                0 if m is None else m.data.ptr, out.data.ptr)
     return out
 
 

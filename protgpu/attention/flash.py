@@ -73,14 +73,15 @@ def wgmma_device() -> bool:
     return hit
 
 
-def flash_entry(precision: str, cfg: dict, cutoff2: float) -> tuple[str, bool]:
+def flash_entry(precision: str, cfg: dict, cutoff2: float, lse: bool = False) -> tuple[str, bool]:
     """The entry point of ``attention_flash.cu`` for one launch, and whether it is compiled for the
     device's arch-specific target (``sm_90a``): the wgmma kernel when ``cfg`` allows it
     (``FA_WGMMA``), there is no cutoff (the cutoff's tile skipping is decided per warp, and a
     warpgroup's instructions need all four warps) and the device is compute capability 9.0; else the
-    mma.sync kernel."""
+    mma.sync kernel. ``lse=True``: the entry that also writes the log-sum-exp (``*_lse_*``, compiled with
+    ``FA_WRITE_LSE=1`` in ``cfg``)."""
     wg = bool(int(cfg.get("FA_WGMMA", 0))) and cutoff2 < 0 and wgmma_device()
-    suffix = "bf16" if precision == "bfloat16" else "f16"
+    suffix = ("lse_" if lse else "") + ("bf16" if precision == "bfloat16" else "f16")
     return (f"flash_attention_wg_{suffix}" if wg else f"flash_attention_{suffix}"), wg
 
 

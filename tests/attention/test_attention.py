@@ -619,7 +619,9 @@ def test_kernel_configurations_compile():
     from protgpu._cuda import compile_cubin, entry_points
 
     assert set(entry_points("attention_flash")) == {"flash_attention_bf16", "flash_attention_f16",
-                                                    "flash_attention_wg_bf16", "flash_attention_wg_f16"}
+                                                    "flash_attention_wg_bf16", "flash_attention_wg_f16",
+                                                    "flash_attention_lse_bf16", "flash_attention_lse_f16",
+                                                    "flash_attention_wg_lse_bf16", "flash_attention_wg_lse_f16"}
     assert {"bias_softmax_f32", "bias_softmax_f64", "flash_simt_f32", "flash_simt_f64"} <= set(
         entry_points("attention"))
     for d in (16, 48, 128):  # both branches of flash_config; 48: the uneven tile-copy loop
@@ -649,6 +651,6 @@ def test_fast_path_plan_tail_fits_the_kernel_signature():
         handle = loader.KernelHandle(kernel=None, name=entry, params=loader.entry_points("attention_flash")[entry])
         tail = (np.int32(4096), np.int32(8), np.int32(0), np.int32(0), np.float32(0.125), np.float32(-1.0))
         plan = plans.build_plan(handle, (32, 8, 1), (128,), tail)
-        assert plan.n_pointers == 7 and plan.tail == tail
+        assert plan.n_pointers == (8 if "_lse_" in entry else 7) and plan.tail == tail  # (+ lse)
     with pytest.raises(TypeError):
         plans.build_plan(handle, 1, 128, (1.5,) * 6)  # L must be an integer

@@ -1,0 +1,409 @@
+"""The attention's flash-style forward with log-sum-exp and its backward on the GPU, for the autograd op
+(:mod:`protgpu.attention.autograd`): torch CUDA tensors or CuPy arrays in, the same library out, every
+launch on the caller's current stream, no host synchronisation.
+
+* :func:`flash_forward_lse` -> ``(out, lse)``: float16 / bfloat16 with ``d`` a multiple of 16 run the
+  tensor-core kernel ``attention_flash.cu`` (its ``*_lse_*`` entry points, ``FA_WRITE_LSE=1``); other
+  inputs ``flash_bwd_fwd_*`` of ``attention_flash_bwd.cu`` on CUDA cores.
+* :func:`flash_backward` -> ``(dq, dk, dv, dcoords, dgamma)``: ``flash_bwd_delta_*`` (Dlt = rowsum(dO out)),
+  then ``flash_bwd_*`` (parallel over key tiles; dQ, dcoords and dgamma by atomics), then, for 16-bit
+  inputs, ``flash_bwd_dq_*`` (dQ from its float32 accumulator).
+* :func:`supports`: whether a call is one these kernels take.
+
+The formulas are those of :func:`protgpu.attention.reference.attention_backward_numpy`, the
+specification; ``docs/design/flash-attention.md`` explains the kernels. Arithmetic (and ``lse``,
+``dcoords``, ``dgamma``) is float32, float64 for float64 inputs.
+
+Internal API (tests, benchmarks): the functions above, :func:`bwd_config` and ``BWD_OVERRIDES`` (tile
+knobs of the backward that override :func:`bwd_config`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .._array import is_cupy_array, is_torch_tensor
+from ..errors import InputError
+from .cuda import _MAX_GRID_YZ, _device_gamma
+from .flash import _STATIC_SMEM, flash_block_m, flash_config, flash_entry, fused_kernel
+
+MAX_HEAD_DIM = 128
+# flash_bwd_mma_* keeps the K, V fragments of 16 keys and the dK, dV accumulators in registers: beyond
+# d = 64 they would spill.
+MMA_MAX_HEAD_DIM = 64
+_MMA_TILE = 64  # BWM_BN: keys per block of flash_bwd_mma_*
+# Tile knobs of attention_flash_bwd.cu (BW_BM, BW_BN) that override bwd_config.
+BWD_OVERRIDES: dict = {}
+_SUFFIX = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64"}
+_KIND = {"bfloat16": 0, "float16": 1, "float32": 2, "float64": 3}  # BW_KIND of attention_flash_bwd.cu
+_THREADS = 128  # BW_THREADS
+_FWD_WARPS = 4  # BW_FWD_WARPS
+_ELEMENTWISE_THREADS = 256
+_ELEMENTWISE_BLOCKS = 4096  # grid-stride kernels: enough blocks to fill the device
+_PLANS: dict = {}
+_MAX_PLANS = 256
+
+
+def bwd_smem_bytes(d: int, bm: int, bn: int, itemsize: int) -> int:
+    """Static shared memory of ``flash_bwd_*``: K, V tiles (bn rows) and Q, dO tiles (bm rows) of d + 1
+    values, P and dS (bm x (bn + 1)), coordinates, lse and Dlt, key flags and the block reduction."""
+    values = 2 * bn * (d + 1) + 2 * bm * (d + 1) + 2 * bm * (bn + 1) + 3 * bn + 3 * bm + 2 * bm + _THREADS // 32
+    return itemsize * values + bn
+
+
+def bwd_config(precision: str, d: int) -> dict:
+    """Compile-time knobs of ``attention_flash_bwd.cu``: ``HEAD_DIM``, ``BW_KIND``; ``BW_MMA`` 1 when the
+    tensor-core backward ``flash_bwd_mma_*`` runs the call (16-bit, ``d`` a multiple of 16 up to
+    ``MMA_MAX_HEAD_DIM``), else the CUDA-core ``flash_bwd_*`` with square tiles ``BW_BM = BW_BN``, the
+    largest of 32, 16, 8 whose shared memory fits 48 KB. ``BWD_OVERRIDES`` replaces any knob
+    (``BW_MMA=0`` forces the CUDA-core kernel)."""
+    itemsize = 8 if precision == "float64" else 4
+    tile = next((t for t in (32, 16, 8) if bwd_smem_bytes(d, t, t, itemsize) <= _STATIC_SMEM), None)
+    if tile is None:
+        raise InputError(f"head dimension {d} is too large for the attention backward kernel")
+    mma = precision in ("bfloat16", "float16") and d % 16 == 0 and d <= MMA_MAX_HEAD_DIM
+    cfg = {"BW_BM": tile, "BW_BN": tile, "BW_MMA": int(mma)}
+    cfg.update(BWD_OVERRIDES)
+    cfg["BW_MMA"] = int(mma and bool(int(cfg["BW_MMA"])))
+    cfg.update({"HEAD_DIM": d, "BW_KIND": _KIND[precision]})
+    return cfg
+
+
+def _precision(a) -> str | None:
+    """The precision name of a torch tensor or CuPy array the kernels take, else None."""
+    if is_torch_tensor(a):
+        import torch
+
+        return {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
+                torch.float64: "float64"}.get(a.dtype)
+    if is_cupy_array(a):
+        name = a.dtype.name
+        return name if name in _SUFFIX and a.dtype.itemsize in (2, 4, 8) else None
+    return None
+
+
+def _device_of(a) -> tuple[str, int] | None:
+    if is_torch_tensor(a):
+        return ("torch", a.device.index) if a.device.type == "cuda" else None
+    if is_cupy_array(a):
+        return ("cupy", a.device.id)
+    return None
+
+
+def supports(q, k=None, v=None, coords=None, gamma=None, cutoff=None, mask=None, scale=None) -> bool:
+    """Whether :func:`flash_forward_lse` / :func:`flash_backward` take this call (arguments as theirs; only
+    those given are looked at): q (and k, v alike) a (B, L, H, d) torch CUDA tensor or CuPy array of
+    bfloat16, float16, float32 or float64 with d <= 128 and B, H <= 65535; coords and mask, if given, of
+    the same library on the same device."""
+    prec = _precision(q)
+    where = _device_of(q)
+    if prec is None or where is None or q.ndim != 4:
+        return False
+    B, L, H, d = q.shape
+    if min(B, L, H, d) < 1 or d > MAX_HEAD_DIM or B > _MAX_GRID_YZ or H > _MAX_GRID_YZ:
+        return False
+    if B * L * H * d >= 2**62:
+        return False
+    for a in (k, v):
+        if a is not None and (_device_of(a) != where or _precision(a) != prec or tuple(a.shape) != tuple(q.shape)):
+            return False
+    for a in (coords, mask):
+        if a is not None and _device_of(a) != where:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# The caller's library: allocations on its current stream, raw pointers, the stream handle.
+
+
+class _Lib:
+    __slots__ = ("cupy", "dev", "stream", "torch")
+
+    def __init__(self, q):
+        if is_torch_tensor(q):
+            import torch
+
+            self.torch, self.cupy = torch, None
+            self.dev = q.device
+            self.stream = torch.cuda.current_stream(q.device).cuda_stream
+        else:
+            import cupy
+
+            self.torch, self.cupy = None, cupy
+            self.dev = q.device
+            self.stream = cupy.cuda.get_current_stream().ptr
+
+    @property
+    def device_id(self) -> int:
+        return self.dev.index if self.torch is not None else self.dev.id
+
+    def dtype(self, name: str, like=None):
+        """The library's dtype for a precision name (bfloat16 in CuPy: the caller's own dtype)."""
+        if self.torch is not None:
+            return getattr(self.torch, name)
+        if name == "bfloat16":
+            return like.dtype
+        return np.dtype(name)
+
+    def empty(self, shape, dtype):
+        if self.torch is not None:
+            return self.torch.empty(shape, dtype=dtype, device=self.dev)
+        return self.cupy.empty(shape, dtype=dtype)
+
+    def zeros(self, shape, dtype):
+        if self.torch is not None:
+            return self.torch.zeros(shape, dtype=dtype, device=self.dev)
+        return self.cupy.zeros(shape, dtype=dtype)
+
+    def ready(self, a, dtype=None, align: int = 1):
+        """``a`` on q's device, C-contiguous (in ``dtype`` if given), its base aligned to ``align`` bytes."""
+        if self.torch is not None:
+            if not is_torch_tensor(a):
+                a = self.torch.as_tensor(np.asarray(a), device=self.dev)
+            a = a.detach()  # (the kernels read the data; nothing here is recorded by autograd)
+            if a.device != self.dev:  # (coordinates or a mask left on the host: copied over)
+                a = a.to(self.dev)
+            if dtype is not None and a.dtype is not dtype:
+                a = a.to(dtype)
+            if not a.is_contiguous() or a.data_ptr() % align:
+                a = a.clone(memory_format=self.torch.contiguous_format)
+            return a
+        if not is_cupy_array(a):
+            a = self.cupy.asarray(np.asarray(a))
+        if dtype is not None and a.dtype != dtype:
+            a = a.astype(dtype)
+        a = self.cupy.ascontiguousarray(a)
+        if a.data.ptr % align:
+            a = a.copy()
+        return a
+
+    def mask_bytes(self, m):
+        """A bool mask as contiguous bytes (0 / 1): a view."""
+        if m is None:
+            return None
+        if self.torch is not None:
+            return self.ready(m, self.torch.bool).view(self.torch.uint8)
+        return self.ready(m, np.dtype(bool)).view(self.cupy.uint8)
+
+    def ptr(self, a) -> int:
+        if a is None:
+            return 0
+        return a.data_ptr() if self.torch is not None else a.data.ptr
+
+    def gamma(self, gamma, H: int, dtype_name: str):
+        """gamma (H,) on the device in ``dtype_name``: a device array is converted there (no host
+        round trip); a host one is uploaded once per value (:func:`protgpu.attention.cuda._device_gamma`)."""
+        where = _device_of(gamma)
+        if where is not None:
+            if where[0] != ("torch" if self.torch is not None else "cupy"):
+                raise InputError("gamma on the device must be of the same library as q (torch or CuPy)")
+            g = self.ready(gamma.reshape(-1) if gamma.ndim else gamma.reshape(1), self.dtype(dtype_name))
+            if g.shape[0] == 1 and H != 1:
+                g = g.expand(H).contiguous() if self.torch is not None else self.cupy.ascontiguousarray(
+                    self.cupy.broadcast_to(g, (H,)))
+            if g.shape[0] != H:
+                raise InputError(f"gamma has {g.shape[0]} values for {H} heads")
+            return g
+        if is_torch_tensor(gamma):  # a CPU tensor (perhaps a Parameter)
+            gamma = gamma.detach().numpy()
+        g = np.asarray(gamma, dtype=np.float64).reshape(-1)
+        if g.size == 1:
+            g = np.full(H, g[0])
+        if g.shape != (H,):
+            raise InputError(f"gamma has {g.size} values for {H} heads")
+        return _device_gamma(g, dtype_name)  # a CuPy array: its pointer serves any stream
+
+
+def _gptr(lib: _Lib, g) -> int:
+    return g.data.ptr if is_cupy_array(g) else lib.ptr(g)
+
+
+def _coords(lib: _Lib, coords, B: int, L: int, dtype_name: str):
+    """Coordinates as contiguous (., L, 3) in the arithmetic type and their batch stride (0: shared)."""
+    shape = tuple(coords.shape)
+    if shape in ((L, 3), (1, L, 3)):
+        xstride = 0
+    elif shape == (B, L, 3):
+        xstride = 3 * L
+    else:
+        raise InputError(f"coords have shape {shape}; expected ({B}, {L}, 3) or ({L}, 3)")
+    return lib.ready(coords, lib.dtype(dtype_name)), xstride
+
+
+def _mask(lib: _Lib, mask, B: int, L: int):
+    if mask is None:
+        return None, 0
+    shape = tuple(mask.shape)
+    if shape in ((L,), (1, L)):
+        return lib.mask_bytes(mask), 0
+    if shape == (B, L):
+        return lib.mask_bytes(mask), L
+    raise InputError(f"mask has shape {shape}; expected ({B}, {L}) or ({L},)")
+
+
+def _scalars(d: int, cutoff, scale) -> tuple[float, float]:
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    cutoff2 = -1.0 if cutoff is None else float(cutoff) ** 2
+    return scale, cutoff2
+
+
+def _plan(key, build):
+    """A launch plan per key (kernel, grid, scalar tail), built once."""
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()  # plans hold no device memory
+        plan = _PLANS[key] = build()
+    return plan
+
+
+def _elementwise_grid(n: int) -> int:
+    return max(1, min(_ELEMENTWISE_BLOCKS, (n + _ELEMENTWISE_THREADS - 1) // _ELEMENTWISE_THREADS))
+
+
+def _arith(prec: str) -> str:
+    return "float64" if prec == "float64" else "float32"
+
+
+def _check(q, k, v) -> tuple[str, tuple]:
+    if not supports(q, k, v):
+        raise InputError("flash attention kernels take (B, L, H, d) torch CUDA tensors or CuPy arrays of "
+                         f"bfloat16, float16, float32 or float64 with d <= {MAX_HEAD_DIM}, all alike")
+    return _precision(q), tuple(q.shape)
+
+
+def flash_forward_lse(q, k, v, coords, gamma, cutoff, mask, scale) -> tuple[Any, Any]:
+    """The attention's output and log-sum-exp on the GPU.
+
+    Parameters
+    ----------
+    q, k, v : torch CUDA tensor or CuPy array, shape (B, L, H, d)
+        bfloat16, float16, float32 or float64, all alike (:func:`supports`).
+    coords : same library, shape (B, L, 3) or (L, 3)
+        Angstrom; used in float32 (float64 for float64 inputs).
+    gamma : float, sequence, or array of shape (H,) on the host or the device
+    cutoff : float or None
+    mask : bool array of shape (B, L) or (L,), or None
+        False marks padding keys.
+    scale : float or None
+        None: 1 / sqrt(d).
+
+    Returns
+    -------
+    out : same library and dtype as q, shape (B, L, H, d)
+    lse : shape (B, H, L), float32 (float64 for float64 inputs)
+        ``log(sum_j exp(logit_ij))``, -inf for a row with no key.
+    """
+    prec, (B, L, H, d) = _check(q, k, v)
+    lib = _Lib(q)
+    ar = _arith(prec)
+    scale_f, cutoff2 = _scalars(d, cutoff, scale)
+    x, xstride = _coords(lib, coords, B, L, ar)
+    m, mstride = _mask(lib, mask, B, L)
+    g = lib.gamma(gamma, H, ar)
+    from .. import _cuda
+
+    ops = [lib.ready(a, align=16) for a in (q, k, v)]  # cp.async reads 16-byte chunks
+    out = lib.empty((B, L, H, d), ops[0].dtype)
+    lse = lib.empty((B, H, L), lib.dtype(ar))
+    dev = lib.device_id
+    mma = fused_kernel(prec, d) == "mma"
+    key = ("fwd", dev, prec, B, L, H, d, xstride, mstride, scale_f, cutoff2, mma,
+           tuple(sorted(BWD_OVERRIDES.items())))
+
+    def build():
+        st = np.float64 if prec == "float64" else np.float32
+        tail = (np.int32(L), np.int32(H), np.int32(xstride), np.int32(mstride), st(scale_f), st(cutoff2))
+        if mma:
+            cfg = dict(flash_config(d), FA_WRITE_LSE=1)
+            entry, arch_specific = flash_entry(prec, cfg, cutoff2, lse=True)
+            h = _cuda.get_kernel("attention_flash", entry, cfg, arch_specific=arch_specific)
+            rows = flash_block_m(cfg)
+            return _cuda.build_plan(h, ((L + rows - 1) // rows, H, B), (32 * int(cfg["FA_WARPS"]),), tail)
+        h = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_fwd_{_SUFFIX[prec]}", bwd_config(prec, d))
+        return _cuda.build_plan(h, ((L + _FWD_WARPS - 1) // _FWD_WARPS, H, B), (32 * _FWD_WARPS,), tail)
+
+    plan = _plan(key, build)
+    plan.launch(lib.stream, dev, *(lib.ptr(a) for a in ops), lib.ptr(x), _gptr(lib, g), lib.ptr(m), lib.ptr(out),
+                lib.ptr(lse))
+    return out, lse
+
+
+def flash_backward(q, k, v, coords, gamma, cutoff, mask, scale, out, lse, dout) -> tuple:
+    """Gradients of the attention with respect to q, k, v, coords and gamma on the GPU.
+
+    Parameters
+    ----------
+    q, k, v, coords, gamma, cutoff, mask, scale
+        As :func:`flash_forward_lse`.
+    out, lse
+        :func:`flash_forward_lse`'s results for these inputs.
+    dout : same library and shape as q
+        The gradient of the loss with respect to ``out`` (any strides; converted to q's dtype).
+
+    Returns
+    -------
+    dq, dk, dv : same library and dtype as q, shape (B, L, H, d)
+    dcoords : float32 (float64 for float64 inputs), the shape of ``coords``
+        For shared (L, 3) coordinates, the sum over the batch.
+    dgamma : float32 (float64 for float64 inputs), shape (H,)
+    """
+    prec, (B, L, H, d) = _check(q, k, v)
+    lib = _Lib(q)
+    ar = _arith(prec)
+    adt = lib.dtype(ar)
+    scale_f, cutoff2 = _scalars(d, cutoff, scale)
+    x, xstride = _coords(lib, coords, B, L, ar)
+    m, mstride = _mask(lib, mask, B, L)
+    g = lib.gamma(gamma, H, ar)
+    from .. import _cuda
+
+    qc, kc, vc = (lib.ready(a, align=16) for a in (q, k, v))  # (cp.async reads 16-byte chunks)
+    oc, doc = lib.ready(out, qc.dtype), lib.ready(dout, qc.dtype, align=16)
+    lc = lib.ready(lse, adt)
+    sixteen = prec in ("bfloat16", "float16")
+    dq_acc = lib.zeros((B, L, H, d), adt)  # float32 / float64: the result itself
+    dk, dv = lib.empty((B, L, H, d), qc.dtype), lib.empty((B, L, H, d), qc.dtype)
+    dcoords = lib.zeros(tuple(x.shape), adt)
+    dgamma = lib.zeros((H,), adt)
+    delta = lib.empty((B, H, L), adt)
+    dev = lib.device_id
+    sfx = _SUFFIX[prec]
+    cfg = bwd_config(prec, d)
+    rows, n = B * L * H, B * L * H * d
+    key = ("bwd", dev, prec, B, L, H, d, xstride, mstride, scale_f, cutoff2, tuple(sorted(cfg.items())))
+
+    def build():
+        st = np.float64 if prec == "float64" else np.float32
+        hd = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_delta_{sfx}", cfg)
+        mma = bool(cfg["BW_MMA"])
+        hb = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_{'mma_' if mma else ''}{sfx}", cfg)
+        bn = _MMA_TILE if mma else int(cfg["BW_BN"])
+        plans = [
+            _cuda.build_plan(hd, (_elementwise_grid(rows),), (_ELEMENTWISE_THREADS,),
+                             (np.int32(L), np.int32(H), np.int64(rows))),
+            _cuda.build_plan(hb, ((L + bn - 1) // bn, H, B), (_THREADS,),
+                             (np.int32(L), np.int32(H), np.int32(xstride), np.int32(mstride), st(scale_f),
+                              st(cutoff2))),
+        ]
+        if sixteen:
+            hq = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_dq_{sfx}", cfg)
+            plans.append(_cuda.build_plan(hq, (_elementwise_grid(n),), (_ELEMENTWISE_THREADS,), (np.int64(n),)))
+        return plans
+
+    plans = _plan(key, build)
+    s = lib.stream
+    plans[0].launch(s, dev, lib.ptr(oc), lib.ptr(doc), lib.ptr(delta))
+    plans[1].launch(s, dev, lib.ptr(qc), lib.ptr(kc), lib.ptr(vc), lib.ptr(x), _gptr(lib, g), lib.ptr(m),
+                    lib.ptr(doc), lib.ptr(lc), lib.ptr(delta), lib.ptr(dq_acc), lib.ptr(dk), lib.ptr(dv),
+                    lib.ptr(dcoords), lib.ptr(dgamma))
+    if sixteen:
+        dq = lib.empty((B, L, H, d), qc.dtype)
+        plans[2].launch(s, dev, lib.ptr(dq_acc), lib.ptr(dq))
+    else:
+        dq = dq_acc
+    return dq, dk, dv, dcoords, dgamma

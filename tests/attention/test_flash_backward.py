@@ -1,0 +1,74 @@
+"""The attention backward's kernels without a GPU: the new entry points compile with NVRTC for sm_80 and
+sm_90 (the entries whose bodies a define switches on, which the compile-every-kernel test does not see),
+and the tile choice fits static shared memory."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from protgpu.attention import flash_backward as fb
+from protgpu.attention.flash import _STATIC_SMEM, flash_config
+
+
+def text_sizes(cubin: bytes) -> dict[str, int]:
+    """Bytes of machine code per kernel of a cubin (its ``.text.<kernel>`` ELF sections)."""
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names = headers[shstrndx][4]
+
+    def name(off):
+        return cubin[names + off:cubin.index(b"\0", names + off)].decode()
+
+    return {name(h[0])[6:]: h[5] for h in headers if name(h[0]).startswith(".text.")}
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "float16", "float32", "float64"])
+def test_backward_entries_compile_with_bodies(precision):
+    pytest.importorskip("cuda.core")
+    from protgpu._cuda.loader import compile_cubin
+
+    sfx = fb._SUFFIX[precision]
+    for arch, d in (("sm_80", 64), ("sm_90", 128)) if precision == "bfloat16" else (("sm_80", 64),):
+        cfg = fb.bwd_config(precision, d)
+        bodied = {f"flash_bwd_fwd_{sfx}", f"flash_bwd_delta_{sfx}", f"flash_bwd_{sfx}"}
+        if precision in ("bfloat16", "float16"):
+            bodied.add(f"flash_bwd_dq_{sfx}")
+            if d <= fb.MMA_MAX_HEAD_DIM:  # the tensor-core backward (beyond: the CUDA-core one alone)
+                assert cfg["BW_MMA"] == 1
+                bodied.add(f"flash_bwd_mma_{sfx}")
+        sizes = text_sizes(bytes(compile_cubin("attention_flash_bwd", arch, cfg, cache=False).code))
+        # (an empty kernel is an EXIT and padding: 256 bytes)
+        assert all(sizes[e] > 512 for e in bodied), (arch, sizes)
+        assert all(sizes[e] <= 256 for e in sizes if e not in bodied), (arch, sizes)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_forward_lse_entries_compile_with_bodies(arch):
+    pytest.importorskip("cuda.core")
+    from protgpu._cuda.loader import compile_cubin
+
+    cfg = dict(flash_config(64), FA_WRITE_LSE=1)
+    sizes = text_sizes(bytes(compile_cubin("attention_flash", arch, cfg, cache=False).code))
+    lse = ["flash_attention_lse_bf16", "flash_attention_lse_f16"]
+    if arch == "sm_90a":
+        lse += ["flash_attention_wg_lse_bf16", "flash_attention_wg_lse_f16"]
+    assert all(sizes[e] > 1024 for e in lse), sizes
+    # With FA_WRITE_LSE the plain entries are empty (the module compiles one kind).
+    assert sizes["flash_attention_bf16"] <= 256
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("d", [8, 32, 48, 64, 100, 128])
+def test_tiles_fit_static_shared_memory(precision, d):
+    cfg = fb.bwd_config(precision, d)
+    itemsize = 8 if precision == "float64" else 4
+    assert fb.bwd_smem_bytes(d, cfg["BW_BM"], cfg["BW_BN"], itemsize) <= _STATIC_SMEM
+    assert cfg["BW_BM"] in (8, 16, 32) and cfg["HEAD_DIM"] == d
+
+
+def test_supports_host_arrays_is_false():
+    assert not fb.supports(np.zeros((1, 4, 2, 64), dtype=np.float32))
