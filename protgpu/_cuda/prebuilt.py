@@ -69,7 +69,7 @@ def default_configs() -> list[tuple[str, dict, bool]]:
     """``(kernel, defines, arch_specific)`` of every kernel module the library loads with its default
     settings: the define sets come from the modules that launch the kernels, so the two cannot drift.
     ``arch_specific`` modules (Hopper's wgmma attention) are built for ``sm_90a`` only."""
-    from ..attention import flash
+    from ..attention import flash, flash_backward
     from ..distances import _ROWS_PER_BLOCK
     from ..scoring.lddt import _WARPS as LDDT_WARPS  # (the package's names lddt and tm_score are functions)
     from ..scoring.tmscore import _TM_EVAL_STORAGE, _TM_WARPS
@@ -94,6 +94,12 @@ def default_configs() -> list[tuple[str, dict, bool]]:
             out.append(("attention_flash", cfg, False))
             if cfg["FA_WGMMA"]:
                 out.append(("attention_flash", cfg, True))
+            # training in 16 bits: the forward that keeps the log-sum-exp, and the backward
+            lse = dict(cfg, FA_WRITE_LSE=1)
+            out.append(("attention_flash", lse, False))
+            if cfg["FA_WGMMA"]:
+                out.append(("attention_flash", lse, True))
+            out += [("attention_flash_bwd", flash_backward.bwd_config(p, d), False) for p in ("bfloat16", "float16")]
     finally:
         flash.FLASH_OVERRIDES.update(saved)
     return out
