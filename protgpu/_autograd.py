@@ -16,15 +16,15 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .errors import InputError, ProtgpuError
+from .errors import InputError
 
 #: What is differentiable, for the refusal's message (and the docs).
 DIFFERENTIABLE = ("pg.rmsd and pg.superpose (mobile and reference coordinates), pg.distances (x and y), "
                   "pg.lddt(..., smooth=True) (model coordinates) and pg.attention")
 
 
-class NotDifferentiableError(ProtgpuError, TypeError):
-    """A torch input requires grad, but the function called gives no gradients."""
+class NotDifferentiableError(InputError, TypeError):
+    """A torch input requires grad, but the function (or the path the call takes) gives no gradients."""
 
 
 def _requires_grad(x: Any) -> bool:

@@ -44,6 +44,8 @@ REFUSED = {
     "consensus_score": lambda x, ref: pg.consensus_score(x, device="cpu"),
     "contacts": lambda x, ref: pg.contacts(ref, coords=x, scheme="ca", cutoff=8.0, device="cpu"),
     "native_contacts": lambda x, ref: pg.native_contacts(ref, ref, coords=x, selection="ca", cutoff=8.0, device="cpu"),
+    "tm_align": lambda x, ref: pg.tm_align(x, ref, device="cpu"),
+    "cluster": lambda x, ref: pg.cluster(x, cutoff=2.0, device="cpu"),
 }
 # Public callables that take no coordinates a gradient could flow from, or are owned elsewhere:
 # save writes a file (no tensor result to detach); attention has its own autograd (issue 20, attention).

@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._autograd import refuse_grad
 from ..errors import InputError, ProtgpuError
 from .chains import chains_of
 from .numpy_twin import tm_align_pair
@@ -157,6 +158,7 @@ def tm_align(mobile, target, *, pairs=None, normalize_by=None, chain=None, devic
     >>> round(float(r.tm_target[0]), 4), int(r.n_aligned[0])
     (1.0, 40)
     """
+    refuse_grad("pg.tm_align", mobile, target)
     if device == "gpu":
         raise ProtgpuError("tm_align: the GPU path is not built yet; use device='auto' or 'cpu'")
     if device not in ("auto", "cpu"):

@@ -29,6 +29,7 @@ try:
 except ImportError:  # torch is optional: without it the module is only imported by the docs
     torch = None
 
+from .._autograd import NotDifferentiableError
 from ..errors import InputError
 from .inputs import _check_cutoff_scale, _check_gamma, _coords_input
 from .reference import attention_backward_numpy, attention_lse_numpy
@@ -44,8 +45,8 @@ __all__: list[str] = []  # internal API (see the module notes)
 _TORCH_MATH_ELEMS = 1 << 26
 
 
-def _grad_error(why: str) -> InputError:
-    return InputError(f"pg.attention: an input requires grad, but {why} gives no gradients; call it under "
+def _grad_error(why: str) -> NotDifferentiableError:
+    return NotDifferentiableError(f"pg.attention: an input requires grad, but {why} gives no gradients; call it under "
                       "torch.no_grad() or on detached tensors (a detached result would stop the gradients "
                       "silently)")
 

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._array import dispatch, is_cupy_array, to_numpy
+from .._autograd import refuse_grad
 from .._inputs import check_finite, check_shape, coordinates, host_view, is_array
 from ..errors import InputError, MemoryBudgetError
 from . import gromos, hierarchical, kmedoids
@@ -154,6 +155,7 @@ def cluster(x=None, *, method: str = "gromos", metric="rmsd", cutoff=None, k=Non
     >>> c.labels.tolist(), c.medoids.tolist(), c.sizes.tolist()
     ([0, 0, 1, 1], [0, 2], [2, 2])
     """
+    refuse_grad("pg.cluster", x, metric)
     if method not in METHODS:
         raise InputError(f"method {method!r}: use one of {', '.join(METHODS)}")
     if method == "hierarchical" and linkage not in LINKAGES:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import protgpu as pg
+from protgpu._autograd import NotDifferentiableError
 from protgpu.errors import InputError
 
 torch = pytest.importorskip("torch")
@@ -180,15 +181,15 @@ def test_torch_math_backward_matches_twin(cutoff, masked, monkeypatch):
 
 def test_inputs_requiring_grad_where_no_gradient_can_come():
     q, k, v, x, g = inputs(grad=False)
-    with pytest.raises(InputError, match="return_weights=True gives no gradients"):
+    with pytest.raises(NotDifferentiableError, match="return_weights=True gives no gradients"):
         pg.attention(q.requires_grad_(), k, v, x, gamma=g, return_weights=True)
     with torch.no_grad():  # no gradients wanted: the weights come back
         out, w = pg.attention(q, k, v, x, gamma=g, return_weights=True)
         assert w.shape == (2, 3, 9, 9)
     gp = torch.nn.Parameter(g.clone())
-    with pytest.raises(InputError, match="NumPy / CuPy q, k, v gives no gradients"):
+    with pytest.raises(NotDifferentiableError, match="NumPy / CuPy q, k, v gives no gradients"):
         pg.attention(q.detach().numpy(), k.numpy(), v.numpy(), x.numpy(), gamma=gp)
-    with pytest.raises(InputError, match="NumPy / CuPy"):
+    with pytest.raises(NotDifferentiableError, match="NumPy / CuPy"):
         pg.attention(q.detach().numpy(), k.numpy(), v.numpy(), x.requires_grad_(), gamma=0.1)
 
 
