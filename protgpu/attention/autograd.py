@@ -319,7 +319,7 @@ def _coords_tensor(coords, B: int, L: int, squeeze: bool, q) -> torch.Tensor:
         coords = torch.as_tensor(np.asarray(_coords_input(coords)[0], dtype=np.float32))
     if coords.dtype.is_complex or not (coords.dtype.is_floating_point or coords.dtype in (torch.int32, torch.int64)):
         raise InputError(f"coords must be numeric coordinates, got dtype {coords.dtype}")
-    x = coords.to(device=q.device, dtype=_compute_dtype(q) if not q.is_cuda else torch.float32)
+    x = coords.to(device=q.device, dtype=_compute_dtype(q))
     if x.dim() == 3 and x.shape[0] == 1 and squeeze:
         x = x[0]
     if tuple(x.shape) == (L, 3):

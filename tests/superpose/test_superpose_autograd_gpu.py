@@ -33,7 +33,9 @@ def test_gradcheck_float64_cuda(gpu):
 
 def test_float32_cuda_against_float64_cpu(gpu):
     """float32 on the GPU vs float64 on the CPU: RMSD gradients to 1e-4 (absolute, per coordinate; they
-    are at most sqrt(1/N)), superposed-coordinate gradients to 1e-3 relative, distances to 1e-5."""
+    are at most sqrt(1/N)), superposed-coordinate gradients to 1e-3 relative, distances to 1e-4 (each
+    entry sums 600 unit vectors whose float32 differences x_i - x_j lose digits for near atoms: 4e-5 seen
+    on the H200)."""
     x, y = _cloud(1, n=300, frames=16)
     outs = {}
     for dev, dt in (("cuda", torch.float32), ("cpu", torch.float64)):
@@ -45,7 +47,7 @@ def test_float32_cuda_against_float64_cpu(gpu):
     xt, xc = _t(x[:2], torch.float32), _t(x[:2], torch.float64, "cpu")
     pg.distances(xt).sum().backward()
     pg.distances(xc, device="cpu").sum().backward()
-    torch.testing.assert_close(xt.grad.double().cpu(), xc.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xt.grad.double().cpu(), xc.grad, rtol=1e-4, atol=1e-4)
 
 
 def test_values_match_the_path_without_gradients(gpu):
