@@ -18,6 +18,9 @@ from ..errors import InputError, MemoryBudgetError
 from . import kernels, streaming
 from ._prepare import float_dtype
 
+#: Largest GEMM panel :func:`pairwise_tiles_cuda` makes (its 3x3 blocks), bytes.
+TILE_PANEL_BYTES = 8 << 30
+
 
 def gpu_tile_size(f, g, prec_size, out_size, budget, fixed):
     """Frames per tile side on the GPU: the 3x3 blocks (9 T^2 * precision) plus two output tiles fit in
@@ -182,7 +185,10 @@ def pairwise_tiles_cuda(x, *, fit=None, weights=None, precision="float64", tile=
     t = int(tile) if tile else gpu_tile_size(f, f, plan.prec.itemsize, plan.odt.itemsize, budget, plan.fixed)
     t = max(1, min(t, f, 65535 * kernels.PAIR_BLOCK[1]))
     buf = cp.empty(t * t, dtype=plan.odt)
-    avail = max(budget - plan.fixed - buf.nbytes, 0)
+    # Panels of at most half the rest (cuBLAS takes its workspace beside them: a 100,000-frame GROMOS run
+    # asked for 54 GB of workspace after a 121 GB panel) and at most TILE_PANEL_BYTES (wider GEMMs are no
+    # faster).
+    avail = min(max(budget - plan.fixed - buf.nbytes, 0) // 2, TILE_PANEL_BYTES)
     blocks = None
     for i0, i1, p0, p1 in streaming.panels(plan, t, avail):
         blocks = None  # one panel alive at a time
