@@ -2,18 +2,17 @@
 anchors in the same run: a Kabsch by SVD with autograd through it.
 
 Usage: ``python benchmarks/bench_losses.py [--frames 10000] [--atoms 300] [--repeat 20]``; writes
-``benchmarks/results/losses-<gpu>.json``.
+``benchmarks/results/losses-<gpu>.json`` (``_common.write_results``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import pathlib
 import time
 
 import numpy as np
 import torch
+from _common import write_results
 
 import protgpu as pg
 
@@ -74,11 +73,8 @@ def main():
                          "forward_backward_ms": 1e3 * both, "backward_over_forward": (both - fwd) / fwd})
             print(f"{name:28s} {rows[-1]['dtype']:8s} fwd {1e3 * fwd:8.3f} ms  fwd+bwd {1e3 * both:8.3f} ms  "
                   f"bwd/fwd {rows[-1]['backward_over_forward']:.2f}")
-    gpu = torch.cuda.get_device_name().replace(" ", "-")
-    out = pathlib.Path(__file__).parent / "results" / f"losses-{gpu}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"frames": a.frames, "atoms": a.atoms, "torch": torch.__version__,
-                               "protgpu": pg.__version__, "rows": rows}, indent=1))
+    out = write_results("losses", rows, {"frames": a.frames, "atoms": a.atoms, "torch": torch.__version__,
+                                         "target": "backward_over_forward <= 2 (issue 20)"})
     print("wrote", out)
 
 
