@@ -142,6 +142,23 @@ def _lock_calls():
     return (lambda fd: at_start(fd, msvcrt.LK_NBLCK)), (lambda fd: at_start(fd, msvcrt.LK_UNLCK))
 
 
+# Descriptors of the output locks this process holds. A forked child (the parse pool's workers) gets a
+# copy of each, and flock belongs to the shared open file: a worker outliving a killed run would keep
+# the output locked, and the --resume right after would be refused. Children close their copies.
+_HELD_LOCK_FDS: set[int] = set()
+
+
+def _close_held_locks_in_child() -> None:
+    for fd in _HELD_LOCK_FDS:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD_LOCK_FDS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_held_locks_in_child)
+
+
 class OutputLock:
     """An exclusive lock on one output: ``.OUT.lock`` beside it, held for a whole run and removed at its
     end; a second run on the same output fails at once with a one-line error.
@@ -180,6 +197,7 @@ class OutputLock:
                 same = False
             if same:
                 self.fd = fd
+                _HELD_LOCK_FDS.add(fd)
                 return
             self._release_fd(fd)
         raise InputError(f"--out {self.out}: cannot take the lock {self.path} (it keeps being replaced)")
@@ -193,6 +211,7 @@ class OutputLock:
     def release(self) -> None:
         if self.fd is None:
             return
+        _HELD_LOCK_FDS.discard(self.fd)
         if self._unlock is None:
             with contextlib.suppress(OSError):
                 self.path.unlink()  # while still locked: a waiting run then locks a fresh file

@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -242,6 +243,33 @@ def test_a_second_run_on_the_same_output_fails_with_one_line(tmp_path, capsys, d
     assert cli("score", datasets / "adk_closed.pdb", "--ref", datasets / "adk_open.pdb", "-o", out, "--device",
                "cpu", "-q") == 0
     assert names(tmp_path) == ["s.csv"]
+
+
+def test_a_killed_run_leaves_no_lock_behind_in_its_workers(tmp_path):
+    # a run holding the lock forks a worker (as the parse pool does) and is killed; the worker lives on
+    # for a while: the --resume started right after must get the lock (flock belongs to the open file,
+    # which the worker shared until it closed its copy)
+    out = tmp_path / "o.csv"
+    code = f"""
+import os, signal, time
+from pathlib import Path
+from protgpu.batch.journal import OutputLock
+OutputLock(Path({str(out)!r})).acquire()
+if os.fork() == 0:
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)  # the test reads the parent's output to its end: not this child's
+    time.sleep(20)
+    os._exit(0)
+print("locked", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert p.stdout.strip() == "locked" and p.returncode == -signal.SIGKILL, p.stderr
+    lock = OutputLock(out)
+    lock.acquire()  # raised "another protgpu run is writing this output" while the worker lived
+    lock.release()
 
 
 def test_concurrent_runs_never_both_write(tmp_path):
