@@ -24,7 +24,8 @@ NOTEBOOK_LIMIT_S = 240  # each notebook; together they take about 1.5 min on 2 C
 # What each notebook must leave behind in its output folder (checked after it ran).
 OUTPUT_FILES = {
     "01_distances_and_contacts.ipynb": ["adk_contact_frequency.png"],
-    "02_rmsd_and_clustering.ipynb": ["cluster_representatives.pdb"],
+    "02_rmsd_and_clustering.ipynb": ["cluster_representatives.pdb", "cluster_gromos.png",
+                                     "gromos_representatives.pdb"],
 }
 
 
@@ -98,6 +99,8 @@ def test_notebook_runs(path, tmp_path):
         reps = pg.load(tmp_path / "cluster_representatives.pdb")
         assert reps.n_frames == 4 and reps.n_atoms == 3341
         assert reps.select("ca").n_atoms == 214  # elements written correctly (CA is carbon)
+        central = pg.load(tmp_path / "gromos_representatives.pdb")  # pg.cluster's medoids, through pg.save
+        assert central.n_frames >= 2 and central.n_atoms == 3341 and central.select("ca").n_atoms == 214
 
 
 @pytest.mark.gpu
