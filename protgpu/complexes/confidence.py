@@ -145,6 +145,15 @@ def plddt_from_bfactors(path, structure=None) -> Confidence:
     ------
     InputError
         Unreadable file, B-factors outside 0-100, or atoms of the structure missing from the file.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "esmfold.pdb")
+    >>> line = "ATOM      1  CA  ALA A   1       0.000   0.000   0.000  1.00  0.87           C"
+    >>> _ = open(path, "w").write(line + "\\nEND\\n")
+    >>> plddt_from_bfactors(path).plddt  # 0-1 scale told apart
+    array([87.])
     """
     name = os.fspath(path)
     s = as_structure(structure if structure is not None else name, "structure")
@@ -159,7 +168,8 @@ def plddt_from_bfactors(path, structure=None) -> Confidence:
     except KeyError as exc:
         raise InputError(f"{name}: atom {exc.args[0]} of {s.source or 'the structure'} has no B-factor "
                          "in the file") from None
-    atom = _scale_plddt(b[take], name)
+    # (gemmi keeps B-factors as float32: rounding to 1e-4 drops that noise, files carry 2 decimals)
+    atom = np.round(_scale_plddt(b[take], name), 4)
     return Confidence(plddt=_residue_values(s, atom), atom_plddt=atom, format="bfactor", files=(name,))
 
 
@@ -521,6 +531,11 @@ def ipsae(pae, chains, *, pae_cutoff: float = 10.0) -> dict:
     -------
     dict of (str, str) to float
         Asymmetric ipSAE(A->B) for every ordered pair of different chains.
+
+    Examples
+    --------
+    >>> ipsae([[0.0, 2.0], [4.0, 0.0]], ["A", "B"])  # one residue each: d0 = d0(27) = 1.039
+    {('A', 'B'): 0.2124..., ('B', 'A'): 0.0631...}
     """
     e = np.asarray(pae, dtype=np.float64)
     c, ids = _chain_index(chains)
@@ -559,6 +574,11 @@ def lis(pae, chains, *, pae_cutoff: float = 12.0) -> dict:
     -------
     dict of (str, str) to float
         Directional LIS for every ordered pair of different chains.
+
+    Examples
+    --------
+    >>> lis([[0.0, 2.0], [4.0, 0.0]], ["A", "B"])  # (12 - 2) / 12 and (12 - 4) / 12
+    {('A', 'B'): 0.8333..., ('B', 'A'): 0.6666...}
     """
     e = np.asarray(pae, dtype=np.float64)
     c, ids = _chain_index(chains)
@@ -572,13 +592,25 @@ def lis(pae, chains, *, pae_cutoff: float = 12.0) -> dict:
     return out
 
 
-def _interface(coords, c, a, b, cutoff):
-    """Indices of chains a and b, and the (|a|, |b|) contact mask at ``cutoff`` (<=, as the papers)."""
+def _interfaces(coords, plddt, chains, cutoff):
+    """For each ordered pair (a, b) of different chains: a, b, the (rows of a, columns of b) index
+    of the pair's block, the contact mask (representative atoms within ``cutoff``, <= as the papers)
+    and the mean pLDDT of the interface residues of both chains (NaN without contacts)."""
     from ..distances import distances
 
-    ia, ib = np.flatnonzero(c == a), np.flatnonzero(c == b)
-    d = np.asarray(distances(coords[ia], coords[ib], device="cpu"), dtype=np.float64).reshape(ia.size, ib.size)
-    return ia, ib, d <= cutoff
+    x = np.asarray(coords, dtype=np.float64)
+    p = np.asarray(plddt, dtype=np.float64)
+    c, ids = _chain_index(chains)
+    for a in ids:
+        ia = np.flatnonzero(c == a)
+        for b in ids:
+            if a == b:
+                continue
+            ib = np.flatnonzero(c == b)
+            d = np.asarray(distances(x[ia], x[ib], device="cpu"), dtype=np.float64).reshape(ia.size, ib.size)
+            ok = d <= cutoff
+            sel = np.concatenate([ia[ok.any(axis=1)], ib[ok.any(axis=0)]])
+            yield a, b, np.ix_(ia, ib), ok, (p[sel].mean() if sel.size else np.nan)
 
 
 def pdockq(coords, plddt, chains, *, cutoff: float = 8.0) -> dict:
@@ -607,23 +639,20 @@ def pdockq(coords, plddt, chains, *, cutoff: float = 8.0) -> dict:
     -------
     dict of (str, str) to float
         pDockQ for every ordered pair of different chains (symmetric).
+
+    Examples
+    --------
+    >>> d = pdockq([[0, 0, 0], [5, 0, 0]], [90.0, 80.0], ["A", "B"])  # one contact: log10(1) = 0
+    >>> round(d["A", "B"], 4), round(0.724 / (1 + 2.718281828 ** (0.052 * 152.611)) + 0.018, 4)
+    (0.0183, 0.0183)
     """
-    x = np.asarray(coords, dtype=np.float64)
-    p = np.asarray(plddt, dtype=np.float64)
-    c, ids = _chain_index(chains)
     out = {}
-    for a in ids:
-        for b in ids:
-            if a == b:
-                continue
-            ia, ib, ok = _interface(x, c, a, b, cutoff)
-            n = int(ok.sum())
-            if n == 0:
-                out[a, b] = 0.0
-                continue
-            mean = np.concatenate([p[ia[ok.any(axis=1)]], p[ib[ok.any(axis=0)]]]).mean()
-            t = mean * np.log10(n)
-            out[a, b] = float(0.724 / (1.0 + np.exp(-0.052 * (t - 152.611))) + 0.018)
+    for a, b, _, ok, mean in _interfaces(coords, plddt, chains, cutoff):
+        if not ok.any():
+            out[a, b] = 0.0
+            continue
+        t = mean * np.log10(ok.sum())
+        out[a, b] = float(0.724 / (1.0 + np.exp(-0.052 * (t - 152.611))) + 0.018)
     return out
 
 
@@ -653,24 +682,21 @@ def pdockq2(coords, plddt, pae, chains, *, cutoff: float = 8.0) -> dict:
     -------
     dict of (str, str) to float
         pDockQ2 for every ordered pair (A's frame).
+
+    Examples
+    --------
+    >>> d = pdockq2([[0, 0, 0], [5, 0, 0]], [90.0, 80.0], [[0.0, 2.0], [4.0, 0.0]], ["A", "B"])
+    >>> round(d["A", "B"], 3), round(d["B", "A"], 3)  # PAE 2 A in A's frame, 4 A in B's
+    (0.587, 0.395)
     """
-    x = np.asarray(coords, dtype=np.float64)
-    p = np.asarray(plddt, dtype=np.float64)
     e = np.asarray(pae, dtype=np.float64)
-    c, ids = _chain_index(chains)
     out = {}
-    for a in ids:
-        for b in ids:
-            if a == b:
-                continue
-            ia, ib, ok = _interface(x, c, a, b, cutoff)
-            if not ok.any():
-                out[a, b] = 0.0
-                continue
-            term = _ptm_term(e[np.ix_(ia, ib)][ok], 10.0).mean()
-            mean = np.concatenate([p[ia[ok.any(axis=1)]], p[ib[ok.any(axis=0)]]]).mean()
-            t = term * mean
-            out[a, b] = float(1.31 / (1.0 + np.exp(-0.075 * (t - 84.733))) + 0.005)
+    for a, b, block, ok, mean in _interfaces(coords, plddt, chains, cutoff):
+        if not ok.any():
+            out[a, b] = 0.0
+            continue
+        t = _ptm_term(e[block][ok], 10.0).mean() * mean
+        out[a, b] = float(1.31 / (1.0 + np.exp(-0.075 * (t - 84.733))) + 0.005)
     return out
 
 
@@ -706,6 +732,17 @@ def interface_confidence(structure, confidence: Confidence, *, pae_cutoff: float
     list of dict
         One row per ordered pair: ``chain_1``, ``chain_2``, ``ipsae`` (1 -> 2), ``ipsae_max``,
         ``pdockq``, ``pdockq2``, ``lis`` (1 -> 2), ``lis_mean``, ``iptm`` (None where not available).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import protgpu as pg
+    >>> from pathlib import Path
+    >>> data = Path(pg.__file__).resolve().parents[1] / "datasets" / "openstructure"
+    >>> s = pg.load(data / "1eud_mdl_partial-dimer.pdb")
+    >>> rows = interface_confidence(s, Confidence(plddt=np.full(s.n_residues, 85.0)))
+    >>> [(r["chain_1"], r["chain_2"], round(r["pdockq"], 3), r["ipsae"]) for r in rows]
+    [('B', 'A', 0.277, None), ('A', 'B', 0.277, None)]
     """
     s = as_structure(structure, "structure")
     rep = representative_atoms(s)
