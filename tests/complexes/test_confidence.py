@@ -253,3 +253,20 @@ def test_interface_confidence_rows(tmp_path):
         assert r["ipsae_max"] == pytest.approx(max(want[a, b], want[b, a]))
         assert 0.018 <= r["pdockq"] <= 0.742 or r["pdockq"] == 0.0
         assert r["lis_mean"] == pytest.approx((r["lis"] + pairs[b, a]["lis"]) / 2)
+
+
+def test_tokens_count_ligand_atoms_and_skip_water(tmp_path):
+    p = _pdb(tmp_path / "lig.pdb", {"A": (["ALA", "GLY"], 0.0)}, lambda k: 50.0)
+    text = p.read_text().replace("END\n", "")
+    text += ("HETATM   10  C1  LIG A 101      20.000   0.000   0.000  1.00 50.00           C\n"
+             "HETATM   11  O1  LIG A 101      21.000   0.000   0.000  1.00 50.00           O\n"
+             "HETATM   12  N1  LIG A 101      20.000   1.000   0.000  1.00 50.00           N\n"
+             "HETATM   13  O   HOH A 201      30.000   0.000   0.000  1.00 50.00           O\nEND\n")
+    p.write_text(text)
+    s = pg.load(p)
+    np.testing.assert_array_equal(cf.residue_tokens(s), [0, 1, 2, -1])  # ALA, GLY, LIG (3 atoms), water
+    np.savez(tmp_path / "pae_lig_model_0.npz", pae=np.zeros((5, 5)))
+    assert read_confidence(tmp_path / "pae_lig_model_0.npz", structure=s).pae.shape == (5, 5)
+    np.savez(tmp_path / "pae_lig_model_0.npz", pae=np.zeros((6, 6)))
+    with pytest.raises(InputError, match=r"6 PAE rows but .*lig\.pdb has 5 tokens \(4 residues\)"):
+        read_confidence(tmp_path / "pae_lig_model_0.npz", structure=s)
