@@ -15,6 +15,7 @@ from ._array import gpu_available
 from .align import TMAlignResult, tm_align
 from .attention import attention
 from .cluster import Clustering, cluster
+from .complexes import ChainMapping, map_chains, score_complex
 from .contacts import ContactMap, NativeContacts, contacts, native_contacts
 from .distances import distances
 from .errors import GPUUnavailableError, InputError, KernelCompileError, MemoryBudgetError, ProtgpuError
@@ -25,6 +26,7 @@ from .structure import Structure
 from .superpose import SuperposeResult, pairwise_rmsd, rmsd, superpose
 
 __all__ = [
+    "ChainMapping",
     "Clustering",
     "cluster",
     "ConsensusResult",
@@ -49,10 +51,12 @@ __all__ = [
     "gpu_available",
     "lddt",
     "load",
+    "map_chains",
     "native_contacts",
     "pairwise_rmsd",
     "rmsd",
     "save",
+    "score_complex",
     "superpose",
     "tm_align",
     "tm_score",

@@ -46,6 +46,8 @@ REFUSED = {
     "native_contacts": lambda x, ref: pg.native_contacts(ref, ref, coords=x, selection="ca", cutoff=8.0, device="cpu"),
     "tm_align": lambda x, ref: pg.tm_align(x, ref, device="cpu"),
     "cluster": lambda x, ref: pg.cluster(x, cutoff=2.0, device="cpu"),
+    "map_chains": lambda x, ref: pg.map_chains(x, ref),
+    "score_complex": lambda x, ref: pg.score_complex(x, ref, metrics=("bb_lddt", "rmsd")),
 }
 # Public callables that take no coordinates a gradient could flow from, or are owned elsewhere:
 # save writes a file (no tensor result to detach); attention has its own autograd (issue 20, attention).

@@ -326,21 +326,23 @@ def _assign(groups, members, mch, rch, aln, mdl_s, ref_s, max_naive):
             if s > best_score:  # first best wins: deterministic in file order
                 best, best_score = pairs, s
         return best, best_score
-    # greedy: add the pair that raises the global score most, until no chain is left to pair
-    pairs: dict = {}
-    free_r = {c for g, _, _ in choices for c in g}
-    free_m = {c for _, ms, _ in choices for c in ms}
+    # greedy from every seed pair (OpenStructure's "greedy_full"): a seed alone cannot tell copies
+    # apart (each chain's own lDDT is the same whichever copy it sits on), the extension can
     group_of = {c: gi for gi, (g, _, _) in enumerate(choices) for c in g}
     mgroup = {c: gi for gi, (_, ms, _) in enumerate(choices) for c in ms}
-    best_score = 0.0
-    while True:
-        cands = [(rc, mc) for rc in rch if rc in free_r for mc in mch if mc in free_m
-                 and mgroup[mc] == group_of[rc]]
-        if not cands:
-            break
-        scored = [(score({**pairs, rc: mc}), rc, mc) for rc, mc in cands]
-        best_score, rc, mc = max(scored, key=lambda t: t[0])
-        pairs[rc] = mc
-        free_r.discard(rc)
-        free_m.discard(mc)
-    return pairs, best_score
+    seeds = [(rc, mc) for rc in group_of for mc in mgroup if mgroup[mc] == group_of[rc]]
+    best, best_score = None, -1.0
+    for seed in seeds:
+        pairs = dict([seed])
+        while True:
+            used = set(pairs.values())
+            cands = [(rc, mc) for rc in group_of if rc not in pairs for mc in mgroup
+                     if mc not in used and mgroup[mc] == group_of[rc]]
+            if not cands:
+                break
+            _, rc, mc = max(((score({**pairs, rc: mc}), rc, mc) for rc, mc in cands), key=lambda t: t[0])
+            pairs[rc] = mc
+        s = score(pairs)
+        if s > best_score:
+            best, best_score = pairs, s
+    return best, best_score
