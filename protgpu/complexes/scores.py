@@ -16,6 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from .._autograd import refuse_grad
+from .._inputs import source_name
 from ..errors import InputError
 from ..scoring import _mapping as mp
 from ..scoring.lddt import lddt, lddt_counts_numpy, lddt_inputs, lddt_scores
@@ -111,16 +112,14 @@ def _qs_interface(ref: _QSChains, mdl: _QSChains, r_int, m_int, mapping: ChainMa
     shared2 = np.zeros(d2.shape, bool)
     mapped1 = np.zeros(d1.shape, bool)
     mapped2 = np.zeros(d2.shape, bool)
+    s1 = s2 = np.zeros(0)
     if len(a1) and len(b1):
         g1, g2 = np.ix_(a1, b1), np.ix_(a2, b2)
         shared = c1[g1] & c2[g2]
         shared1[g1], shared2[g2] = shared, shared
         mapped1[g1] = c1[g1] & ~shared
         mapped2[g2] = c2[g2] & ~shared
-    s1, s2 = d1[shared1], d2[shared2]  # same order: both index the shared grid row-major
-    if len(a1) and len(b1):
-        g1, g2 = np.ix_(a1, b1), np.ix_(a2, b2)
-        shared = c1[g1] & c2[g2]
+        # the distances of each shared contact in both structures, pair by pair (mapped grid order)
         s1, s2 = d1[g1][shared], d2[g2][shared]
     w = _w(np.minimum(s1, s2))
     weighted = float((w * (1.0 - np.abs(s1 - s2) / 12.0)).sum())
@@ -142,7 +141,8 @@ def qs_score(ref: _QSChains, mdl: _QSChains, mapping: ChainMapping) -> tuple[flo
             tot += _qs_interface(ref, mdl, r_int, m_int, mapping)
             done.add(frozenset(m_int))
         else:
-            tot[3] += _w(ref.dist(*r_int)[ref.dist(*r_int) < QS_CONTACT]).sum()
+            d = ref.dist(*r_int)
+            tot[3] += _w(d[d < QS_CONTACT]).sum()
     for m_int in mdl.interfaces:
         if frozenset(m_int) in done:
             continue
@@ -286,8 +286,6 @@ def _model_frames(models, ref_s):
     out = []
     for k, item in enumerate(items):
         s = model_structure(item, ref_s, f"models[{k}]" if len(items) > 1 else "models")
-        from .._inputs import source_name
-
         name = source_name(s, f"models[{k}]")
         for f in range(s.n_frames):
             out.append((s.frames(f) if s.n_frames > 1 else s, name if s.n_frames == 1 else f"{name} frame {f}"))
