@@ -80,14 +80,27 @@ class ChainMapping:
 
     def residue_pairs(self) -> np.ndarray:
         """All residue pairs, shape (K, 2), sorted by reference residue: the explicit ``mapping=`` that
-        :func:`protgpu.lddt`, :func:`protgpu.tm_score` and :func:`protgpu.gdt` take."""
+        :func:`protgpu.lddt`, :func:`protgpu.tm_score` and :func:`protgpu.gdt` take.
+
+        Examples
+        --------
+        >>> m = ChainMapping("m.pdb", "r.pdb", {"A": "B"}, {"A": np.array([[6, 1], [5, 0]])}, {"A": 100.0}, [["A"]])
+        >>> m.residue_pairs().tolist()
+        [[5, 0], [6, 1]]
+        """
         if not self.residues:
             return np.zeros((0, 2), np.int64)
         pairs = np.concatenate(list(self.residues.values())).astype(np.int64)
         return pairs[np.argsort(pairs[:, 1], kind="stable")]
 
     def model_chain_of(self) -> dict:
-        """Model chain -> reference chain."""
+        """Model chain -> reference chain.
+
+        Examples
+        --------
+        >>> ChainMapping("m.pdb", "r.pdb", {"A": "B"}, {}, {}, [["A"]]).model_chain_of()
+        {'B': 'A'}
+        """
         return {m: r for r, m in self.chains.items()}
 
 
@@ -212,9 +225,9 @@ def map_chains(model, reference, *, min_identity: float = 30.0, chain_mapping="a
 
     Examples
     --------
-    >>> m = map_chains("model.pdb", "reference.pdb")   # doctest: +SKIP
-    >>> m.chains                                        # doctest: +SKIP
-    {'A': 'B', 'B': 'A'}
+    >>> m = map_chains("datasets/openstructure/1eud_mdl_partial-dimer.pdb", "datasets/openstructure/1eud_ref.pdb")
+    >>> m.chains, {c: len(p) for c, p in m.residues.items()}
+    ({'A': 'A', 'B': 'B'}, {'A': 290, 'B': 241})
     """
     refuse_grad("pg.map_chains", model, reference)
     ref_s = reference_structure(reference)
