@@ -15,6 +15,7 @@ from ._array import gpu_available
 from .align import TMAlignResult, tm_align
 from .attention import attention
 from .cluster import Clustering, cluster
+from .complexes import ChainMapping, Confidence, design_sanity, map_chains, read_confidence, score_complex
 from .contacts import ContactMap, NativeContacts, contacts, native_contacts
 from .distances import distances
 from .errors import GPUUnavailableError, InputError, KernelCompileError, MemoryBudgetError, ProtgpuError
@@ -25,7 +26,9 @@ from .structure import Structure
 from .superpose import SuperposeResult, pairwise_rmsd, rmsd, superpose
 
 __all__ = [
+    "ChainMapping",
     "Clustering",
+    "Confidence",
     "cluster",
     "ConsensusResult",
     "ContactMap",
@@ -44,15 +47,19 @@ __all__ = [
     "attention",
     "consensus_score",
     "contacts",
+    "design_sanity",
     "distances",
     "gdt",
     "gpu_available",
     "lddt",
     "load",
+    "map_chains",
     "native_contacts",
     "pairwise_rmsd",
+    "read_confidence",
     "rmsd",
     "save",
+    "score_complex",
     "superpose",
     "tm_align",
     "tm_score",

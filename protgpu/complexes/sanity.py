@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._autograd import refuse_grad
 from .._inputs import as_structure
 from ..errors import InputError
 from ..structure import WATER_RESNAMES
@@ -87,6 +88,7 @@ def design_sanity(structure, *, clash_cutoff: float = CLASH_CUTOFF, interface_cu
     >>> m["chain_residues"], m["clashes"], round(m["radius_of_gyration"], 1)
     ({'A': 306, 'B': 395, '_': 2}, 0, 27.6)
     """
+    refuse_grad("pg.design_sanity", structure)
     from ..contacts import contacts
 
     s = as_structure(structure, "structure")

@@ -1,0 +1,394 @@
+"""Scores of a model complex against a reference complex, on the residues a chain mapping pairs.
+
+What exists in protgpu is reused on the mapped residues (the mapping's residue pairs are the explicit
+``mapping=`` of those functions): lDDT and backbone (CA) lDDT are :func:`protgpu.lddt`; TM-score,
+GDT-TS/HA and the CA RMSD are :func:`protgpu.tm_score` (normalised by the reference's total length, as
+US-align's complex mode normalises); the interface lDDT is lDDT's own NumPy twin on the inter-chain
+pairs only; superpositions are :func:`protgpu.superpose`. New here: QS-score (Bertoni et al. 2017, as
+OpenStructure's ``QSScorer``) and DockQ (Basu & Wallner 2016; the v2 aggregate of Mirabello & Wallner
+2024). Definitions, and what reproduces OpenStructure, are in docs/design/complexes.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from .._autograd import refuse_grad
+from .._inputs import source_name
+from ..errors import InputError
+from ..scoring import _mapping as mp
+from ..scoring.lddt import lddt, lddt_counts_numpy, lddt_inputs, lddt_scores
+from ..scoring.tmscore import tm_score
+from ..superpose import superpose
+from ._cleanup import clean
+from .mapping import ChainMapping, _map, model_structure, protein_chains, reference_structure
+
+# qs_score and dockq (one mapped model, one interface) stay importable by name for tests; not public API
+__all__ = ["METRICS", "score_complex"]
+
+#: Every metric :func:`score_complex` computes, in its column order.
+METRICS = ("lddt", "bb_lddt", "ilddt", "tm_score", "gdtts", "gdtha", "rmsd", "qs_global", "qs_best", "dockq")
+
+QS_CONTACT = 12.0  # Angstrom, CB-CB (CA for GLY) inter-chain contact of QS-score
+DOCKQ_CONTACT = 5.0  # Angstrom, heavy-atom contact of fnat
+DOCKQ_INTERFACE = 10.0  # Angstrom, interface residues of iRMSD
+BACKBONE = ("CA", "C", "N", "O")
+
+
+# --------------------------------------------------------------------------------------------------
+# Atoms of residues
+
+
+def atom_table(info: mp.ResidueInfo, residues: np.ndarray, names) -> np.ndarray:
+    """Atom index of each (residue, name), -1 where the residue lacks it; shape (len(residues), len(names))."""
+    out = np.full((len(residues), len(names)), -1, dtype=np.int64)
+    pos = np.full(len(info.resid), -1, dtype=np.int64)
+    pos[residues] = np.arange(len(residues))
+    for k, name in enumerate(names):
+        at = np.flatnonzero(info.atom_name == name)
+        row = pos[info.atom_residue[at]]
+        ok = row >= 0
+        out[row[ok][::-1], k] = at[ok][::-1]  # first atom of that name wins
+    return out
+
+
+def representative_atoms(info: mp.ResidueInfo, residues: np.ndarray) -> np.ndarray:
+    """CB of each residue, CA for glycine (QS-score's representative atom); -1 where missing."""
+    t = atom_table(info, residues, ("CB", "CA"))
+    gly = info.std_resname[residues] == "GLY"
+    return np.where(gly, t[:, 1], t[:, 0])
+
+
+def heavy_atoms(s, info: mp.ResidueInfo, residues: np.ndarray) -> np.ndarray:
+    """Heavy atoms of the given residues."""
+    el = np.char.upper(s.atoms.element)
+    keep = (el != "H") & (el != "D") & np.isin(info.atom_residue, residues)
+    return np.flatnonzero(keep)
+
+
+# --------------------------------------------------------------------------------------------------
+# QS-score
+
+
+def _w(d: np.ndarray) -> np.ndarray:
+    # probability that two residues interact given their CB distance (Xu et al. 2009)
+    return np.where(d <= 5.0, 1.0, np.exp(-2.0 * ((d - 5.0) / 4.28) ** 2))
+
+
+class _QSChains:
+    """Representative positions of one structure's protein chains (residues without the atom dropped)."""
+
+    def __init__(self, s, info, chains: dict):
+        xyz = np.asarray(s.coords[0], dtype=np.float64)
+        self.res, self.pos = {}, {}
+        for c, res in chains.items():
+            rep = representative_atoms(info, res)
+            self.res[c] = res[rep >= 0]
+            self.pos[c] = xyz[rep[rep >= 0]]
+        names = list(chains)
+        self.interfaces = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
+                           if (self.dist(a, b) < QS_CONTACT).any()]
+
+    def dist(self, a, b) -> np.ndarray:
+        pa, pb = self.pos[a], self.pos[b]
+        return np.sqrt(((pa[:, None, :] - pb[None, :, :]) ** 2).sum(-1))
+
+
+def _qs_interface(ref: _QSChains, mdl: _QSChains, r_int, m_int, mapping: ChainMapping):
+    """(weighted_scores, weight_sum, weight_extra_mapped, weight_extra_all) of one mapped interface."""
+    d1 = ref.dist(*r_int)
+    d2 = mdl.dist(*m_int)
+    idx = []
+    for rc, mc in zip(r_int, m_int, strict=True):
+        pairs = mapping.residues.get(rc, np.zeros((0, 2), np.int64))
+        rpos = {int(r): i for i, r in enumerate(ref.res[rc])}
+        mpos = {int(m): i for i, m in enumerate(mdl.res[mc])}
+        both = [(rpos[int(r)], mpos[int(m)]) for m, r in pairs if int(r) in rpos and int(m) in mpos]
+        idx.append(np.asarray(both, dtype=np.int64).reshape(-1, 2))
+    (a1, a2), (b1, b2) = idx[0].T, idx[1].T
+    c1, c2 = d1 < QS_CONTACT, d2 < QS_CONTACT
+    shared1 = np.zeros(d1.shape, bool)
+    shared2 = np.zeros(d2.shape, bool)
+    mapped1 = np.zeros(d1.shape, bool)
+    mapped2 = np.zeros(d2.shape, bool)
+    s1 = s2 = np.zeros(0)
+    if len(a1) and len(b1):
+        g1, g2 = np.ix_(a1, b1), np.ix_(a2, b2)
+        shared = c1[g1] & c2[g2]
+        shared1[g1], shared2[g2] = shared, shared
+        mapped1[g1] = c1[g1] & ~shared
+        mapped2[g2] = c2[g2] & ~shared
+        # the distances of each shared contact in both structures, pair by pair (mapped grid order)
+        s1, s2 = d1[g1][shared], d2[g2][shared]
+    w = _w(np.minimum(s1, s2))
+    weighted = float((w * (1.0 - np.abs(s1 - s2) / 12.0)).sum())
+    wsum = float(w.sum())
+    extra_mapped = float(_w(d1[mapped1]).sum() + _w(d2[mapped2]).sum())
+    extra_all = float(_w(d1[c1 & ~shared1]).sum() + _w(d2[c2 & ~shared2]).sum())
+    return weighted, wsum, extra_mapped, extra_all
+
+
+def qs_score(ref: _QSChains, mdl: _QSChains, mapping: ChainMapping) -> tuple[float, float]:
+    """QS_global and QS_best of a mapped model (NaN when neither structure has an inter-chain contact)."""
+    flat = mapping.chains
+    back = {m: r for r, m in flat.items()}
+    tot = np.zeros(4)
+    done = set()
+    for r_int in ref.interfaces:
+        if r_int[0] in flat and r_int[1] in flat:
+            m_int = (flat[r_int[0]], flat[r_int[1]])
+            tot += _qs_interface(ref, mdl, r_int, m_int, mapping)
+            done.add(frozenset(m_int))
+        else:
+            d = ref.dist(*r_int)
+            tot[3] += _w(d[d < QS_CONTACT]).sum()
+    for m_int in mdl.interfaces:
+        if frozenset(m_int) in done:
+            continue
+        if m_int[0] in back and m_int[1] in back:
+            tot += _qs_interface(ref, mdl, (back[m_int[0]], back[m_int[1]]), m_int, mapping)
+        else:
+            d = mdl.dist(*m_int)
+            tot[3] += _w(d[d < QS_CONTACT]).sum()
+    weighted, wsum, extra_mapped, extra_all = tot
+    glob = weighted / (wsum + extra_all) if wsum + extra_all > 0 else float("nan")
+    best = weighted / (wsum + extra_mapped) if wsum + extra_mapped > 0 else float("nan")
+    return float(glob), float(best)
+
+
+# --------------------------------------------------------------------------------------------------
+# DockQ
+
+
+def _contacts(xyz, atoms1, atoms2, res_of, cutoff):
+    """Residue pairs (r1, r2) with any atom pair closer than ``cutoff`` (heavy atoms given)."""
+    from scipy.spatial import cKDTree
+
+    if not len(atoms1) or not len(atoms2):
+        return set()
+    hits = cKDTree(xyz[atoms1]).query_ball_tree(cKDTree(xyz[atoms2]), cutoff)
+    out = set()
+    for i, js in enumerate(hits):
+        for j in js:
+            out.add((int(res_of[atoms1[i]]), int(res_of[atoms2[j]])))
+    return out
+
+
+def _near(xyz, atoms1, atoms2, res_of, cutoff) -> set:
+    """Residues of ``atoms1`` with any atom within ``cutoff`` of ``atoms2``."""
+    from scipy.spatial import cKDTree
+
+    if not len(atoms1) or not len(atoms2):
+        return set()
+    d, _ = cKDTree(xyz[atoms2]).query(xyz[atoms1], distance_upper_bound=cutoff)
+    return {int(r) for r in res_of[atoms1[d <= cutoff]]}
+
+
+def _bb_pairs(minfo, rinfo, mres, rres):
+    """(model atom, reference atom) pairs of the backbone atoms both residues have."""
+    mt, rt = atom_table(minfo, mres, BACKBONE), atom_table(rinfo, rres, BACKBONE)
+    ok = (mt >= 0) & (rt >= 0)
+    return mt[ok], rt[ok]
+
+
+def _fit_rmsd(mx, rx, fit_m, fit_r, meas_m=None, meas_r=None) -> float:
+    """RMSD on the measured atoms after superposing the fitted ones (the measured = fitted by default)."""
+    if len(fit_m) < 3:
+        return 0.0  # OpenStructure's and DockQ's convention: too few atoms to superpose
+    if meas_m is None:
+        return float(superpose(mx[fit_m], rx[fit_r], device="cpu").rmsd[0])
+    res = superpose(mx[fit_m], rx[fit_r], device="cpu")
+    moved = mx[meas_m] @ res.rotation[0].T + res.translation[0]
+    return float(np.sqrt(((moved - rx[meas_r]) ** 2).sum(-1).mean())) if len(meas_m) else 0.0
+
+
+def dockq(mdl_s, ref_s, mapping: ChainMapping, r1: str, r2: str) -> dict:
+    """DockQ of the reference interface (r1, r2) and its parts (fnat, iRMSD, LRMSD, nnat, nmdl).
+
+    Contacts: residue pairs with heavy atoms within 5 A, model residues counted through the mapping;
+    iRMSD: backbone (N, CA, C, O) RMSD of the reference's interface residues (any heavy atom within 10 A
+    of the partner chain) that are mapped, after superposing them; LRMSD: backbone RMSD of the ligand
+    (the reference chain with fewer residues) after superposing the receptor; DockQ = (fnat +
+    1/(1+(iRMSD/1.5)^2) + 1/(1+(LRMSD/8.5)^2)) / 3.
+    """
+    minfo, rinfo = mp.residue_info(mdl_s), mp.residue_info(ref_s)
+    rch, mch = protein_chains(rinfo), protein_chains(minfo)
+    m1, m2 = mapping.chains[r1], mapping.chains[r2]
+    rx = np.asarray(ref_s.coords[0], np.float64)
+    mx = np.asarray(mdl_s.coords[0], np.float64)
+    p1, p2 = mapping.residues[r1], mapping.residues[r2]
+    # model residue -> reference residue; unmapped model residues get keys no reference residue has
+    to_ref = np.arange(len(minfo.resid), dtype=np.int64) + len(rinfo.resid)
+    to_ref[p1[:, 0]], to_ref[p2[:, 0]] = p1[:, 1], p2[:, 1]
+    ra1, ra2 = heavy_atoms(ref_s, rinfo, rch[r1]), heavy_atoms(ref_s, rinfo, rch[r2])
+    ma1, ma2 = heavy_atoms(mdl_s, minfo, mch[m1]), heavy_atoms(mdl_s, minfo, mch[m2])
+    nat = _contacts(rx, ra1, ra2, rinfo.atom_residue, DOCKQ_CONTACT)
+    mdl = {(int(to_ref[a]), int(to_ref[b]))
+           for a, b in _contacts(mx, ma1, ma2, minfo.atom_residue, DOCKQ_CONTACT)}
+    nnat, nmdl = len(nat), len(mdl)
+    fnat = len(nat & mdl) / nnat if nnat else 0.0
+    fnonnat = len(mdl - nat) / nmdl if nmdl else 0.0
+    # iRMSD on the reference's interface residues that are mapped
+    iface = _near(rx, ra1, ra2, rinfo.atom_residue, DOCKQ_INTERFACE) | \
+        _near(rx, ra2, ra1, rinfo.atom_residue, DOCKQ_INTERFACE)
+    both = np.concatenate([p1, p2])
+    sel = both[np.isin(both[:, 1], sorted(iface))]
+    fm, fr = _bb_pairs(minfo, rinfo, sel[:, 0], sel[:, 1])
+    irmsd = _fit_rmsd(mx, rx, fm, fr)
+    # LRMSD: superpose the receptor (the larger reference chain), measure the ligand
+    rec, lig = (p1, p2) if len(rch[r1]) > len(rch[r2]) else (p2, p1)
+    fm, fr = _bb_pairs(minfo, rinfo, rec[:, 0], rec[:, 1])
+    lm, lr = _bb_pairs(minfo, rinfo, lig[:, 0], lig[:, 1])
+    lrmsd = _fit_rmsd(mx, rx, fm, fr, lm, lr)
+    score = (fnat + 1.0 / (1.0 + (irmsd / 1.5) ** 2) + 1.0 / (1.0 + (lrmsd / 8.5) ** 2)) / 3.0
+    return {"dockq": score, "fnat": fnat, "fnonnat": fnonnat, "irmsd": irmsd, "lrmsd": lrmsd,
+            "nnat": nnat, "nmdl": nmdl}
+
+
+def native_interfaces(ref_s) -> list[tuple[str, str]]:
+    """Reference chain pairs (in file order) with at least one heavy-atom contact within 5 A."""
+    rinfo = mp.residue_info(ref_s)
+    rch = protein_chains(rinfo)
+    rx = np.asarray(ref_s.coords[0], np.float64)
+    atoms = {c: heavy_atoms(ref_s, rinfo, r) for c, r in rch.items()}
+    names = list(rch)
+    return [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
+            if _near(rx, atoms[a], atoms[b], rinfo.atom_residue, DOCKQ_CONTACT)]
+
+
+# --------------------------------------------------------------------------------------------------
+# lDDT restricted to inter-chain pairs
+
+
+def interface_lddt(model, ref_s, pairs: np.ndarray) -> float:
+    """lDDT over the reference's inter-chain atom pairs only (OpenStructure's ``no_intrachain``)."""
+    ref, coords, _ = lddt_inputs(model, ref_s, mapping=pairs)
+    chain_of_res = np.asarray([lab.rsplit(":", 1)[0] for lab in ref.labels])
+    ach = chain_of_res[ref.atom_res]
+    inter = ach[ref.pairs[:, 0]] != ach[ref.pairs[:, 1]]
+    p = ref.pairs[inter]
+    n_exp = np.bincount(ref.atom_res[p[:, 0]], minlength=ref.n_res) + \
+        np.bincount(ref.atom_res[p[:, 1]], minlength=ref.n_res)
+    sub = replace(ref, pairs=p, dref=ref.dref[inter], n_exp=n_exp.astype(np.int64), _device={})
+    counts = lddt_counts_numpy(np.asarray(coords, np.float64), sub)
+    glob, _ = lddt_scores(counts, sub, 4)
+    return float(glob[0])
+
+
+# --------------------------------------------------------------------------------------------------
+# Public function
+
+
+def _model_frames(models, ref_s):
+    """(Structure of one frame, name) for every model: list items, frames of multi-frame inputs."""
+    items = models if isinstance(models, (list, tuple)) else [models]
+    out = []
+    for k, item in enumerate(items):
+        s = model_structure(item, ref_s, f"models[{k}]" if len(items) > 1 else "models")
+        name = source_name(s, f"models[{k}]")
+        for f in range(s.n_frames):
+            out.append((s.frames(f) if s.n_frames > 1 else s, name if s.n_frames == 1 else f"{name} frame {f}"))
+    return out
+
+
+def score_complex(models, reference, *, metrics=METRICS, chain_mapping="auto", min_identity: float = 30.0):
+    """Score model complexes against a reference complex: one row per model.
+
+    Parameters
+    ----------
+    models : Structure, path, coordinate array of the reference's atoms, or a list of these
+        Every frame of a multi-frame input is a model.
+    reference : Structure or path
+        The reference complex.
+    metrics : sequence of str
+        Any of :data:`METRICS`: ``lddt``, ``bb_lddt`` (CA atoms), ``ilddt`` (inter-chain pairs only),
+        ``tm_score``, ``gdtts``, ``gdtha``, ``rmsd`` (CA, after superposition on all mapped CAs),
+        ``qs_global``, ``qs_best``, ``dockq`` (with its parts per interface).
+    chain_mapping : "auto" or dict
+        As :func:`protgpu.map_chains`; a dict ``{reference chain: model chain}`` is used for every model.
+    min_identity : float
+        As :func:`protgpu.map_chains`.
+
+    Returns
+    -------
+    dict of str to ndarray
+        ``"model"``: names; one float64 array of shape (M,) per requested metric; with ``dockq``:
+        ``"interfaces"`` (the reference's interfaces, (chain, chain) in file order), ``"dockq"`` the
+        DockQ-v2 aggregate (mean over the reference's interfaces, 0 for an interface whose chains are
+        not both mapped), and per interface, shape (M, I): ``dockq_per_interface``, ``fnat``,
+        ``fnonnat``, ``irmsd``, ``lrmsd``, ``nnat``, ``nmdl`` (NaN where not mapped);
+        ``"chain_mapping"``: the :class:`~protgpu.complexes.ChainMapping` of each model.
+
+    Raises
+    ------
+    InputError
+        An unknown metric, a model whose chains cannot be mapped (naming the file and chains).
+
+    Examples
+    --------
+    >>> t = score_complex("datasets/openstructure/1eud_mdl_partial-dimer.pdb",
+    ...                   "datasets/openstructure/1eud_ref.pdb", metrics=("rmsd", "dockq"))
+    >>> round(float(t["dockq"][0]), 3), round(float(t["lrmsd"][0, 0]), 3), t["interfaces"]
+    (0.559, 5.533, [('A', 'B')])
+    """
+    refuse_grad("pg.score_complex", models, reference)
+    metrics = tuple(metrics)
+    bad = [m for m in metrics if m not in METRICS]
+    if bad:
+        raise InputError(f"metrics: unknown {bad}; choose from {list(METRICS)}")
+    ref_raw = reference_structure(reference)
+    # bare arrays hold the reference's atoms as given: take them before cleaning
+    frames = [(clean(s), n) for s, n in _model_frames(models, ref_raw)]
+    ref_s = clean(ref_raw)
+    table: dict = {"model": np.asarray([n for _, n in frames], dtype=object)}
+    for m in metrics:
+        table[m] = np.full(len(frames), np.nan)
+    want_tm = any(m in metrics for m in ("tm_score", "gdtts", "gdtha", "rmsd"))
+    want_qs = "qs_global" in metrics or "qs_best" in metrics
+    ifaces = native_interfaces(ref_s) if "dockq" in metrics else []
+    parts = ("dockq_per_interface", "fnat", "fnonnat", "irmsd", "lrmsd", "nnat", "nmdl")
+    if "dockq" in metrics:
+        table["interfaces"] = ifaces
+        for p in parts:
+            table[p] = np.full((len(frames), len(ifaces)), np.nan)
+    rinfo = mp.residue_info(ref_s)
+    ref_qs = _QSChains(ref_s, rinfo, protein_chains(rinfo)) if want_qs else None
+    mappings = []
+    for k, (s, _) in enumerate(frames):
+        cm = _map(s, ref_s, min_identity=min_identity, chain_mapping=chain_mapping, max_naive=40320)
+        mappings.append(cm)
+        rp = cm.residue_pairs()
+        if "lddt" in metrics:
+            table["lddt"][k] = lddt(s, ref_s, mapping=rp, device="cpu")
+        if "bb_lddt" in metrics:
+            table["bb_lddt"][k] = lddt(s, ref_s, atoms="ca", mapping=rp, device="cpu")
+        if "ilddt" in metrics:
+            table["ilddt"][k] = interface_lddt(s, ref_s, rp)
+        if want_tm:
+            t = tm_score(s, ref_s, mapping=rp, device="cpu")
+            for col, v in (("tm_score", t.tm), ("gdtts", t.gdt_ts), ("gdtha", t.gdt_ha), ("rmsd", t.rmsd)):
+                if col in metrics:
+                    table[col][k] = v
+        if want_qs:
+            minfo = mp.residue_info(s)
+            g, b = qs_score(ref_qs, _QSChains(s, minfo, protein_chains(minfo)), cm)
+            if "qs_global" in metrics:
+                table["qs_global"][k] = g
+            if "qs_best" in metrics:
+                table["qs_best"][k] = b
+        if "dockq" in metrics:
+            vals = []
+            for i, (a, b) in enumerate(ifaces):
+                if a in cm.chains and b in cm.chains:
+                    d = dockq(s, ref_s, cm, a, b)
+                    d["dockq_per_interface"] = d.pop("dockq")
+                    for p in parts:
+                        table[p][k, i] = d[p]
+                    vals.append(d["dockq_per_interface"])
+                else:
+                    vals.append(0.0)
+            table["dockq"][k] = float(np.mean(vals)) if vals else np.nan
+    table["chain_mapping"] = mappings
+    return table
