@@ -47,13 +47,13 @@ REFUSED = {
     "tm_align": lambda x, ref: pg.tm_align(x, ref, device="cpu"),
     "cluster": lambda x, ref: pg.cluster(x, cutoff=2.0, device="cpu"),
     "map_chains": lambda x, ref: pg.map_chains(x, ref),
-    "design_sanity": lambda x, ref: pg.design_sanity(x),
     "score_complex": lambda x, ref: pg.score_complex(x, ref, metrics=("bb_lddt", "rmsd")),
 }
 # Public callables that take no coordinates a gradient could flow from, or are owned elsewhere:
 # save writes a file (no tensor result to detach); attention has its own autograd (issue 20, attention);
-# read_confidence reads predictors' files.
-EXEMPT = {"load", "save", "gpu_available", "attention", "Structure", "read_confidence"}  # (reads files)
+# read_confidence reads predictors' files; design_sanity takes structures with atom tables (a bare tensor is
+# refused for lack of them, after refuse_grad).
+EXEMPT = {"load", "save", "gpu_available", "attention", "Structure", "read_confidence", "design_sanity"}
 
 
 def test_every_public_function_is_classified():
