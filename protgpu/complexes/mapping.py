@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -116,29 +115,10 @@ def protein_chains(info: mp.ResidueInfo) -> dict:
     return out
 
 
-_ALIGNERS = threading.local()  # one aligner per thread (building one reads BLOSUM62 from disk)
-
-
-def _semiglobal_aligner():
-    aligner = getattr(_ALIGNERS, "aligner", None)
-    if aligner is None:
-        from Bio import Align
-        from Bio.Align import substitution_matrices
-
-        aligner = Align.PairwiseAligner()
-        aligner.mode = "global"
-        aligner.substitution_matrix = substitution_matrices.load("BLOSUM62")
-        aligner.open_gap_score = -11
-        aligner.extend_gap_score = -1
-        aligner.end_gap_score = 0  # semi-global: overhangs cost nothing
-        _ALIGNERS.aligner = aligner
-    return aligner
-
-
 def align(seq_a: str, seq_b: str) -> tuple[np.ndarray, np.ndarray, float]:
     """Semi-globally align two sequences: aligned positions of each and the identity (percent of
     aligned columns; 0 with none)."""
-    aln = _semiglobal_aligner().align(seq_a, seq_b)[0]
+    aln = mp.aligner(free_end_gaps=True).align(seq_a, seq_b)[0]
     ia, ib = [], []
     for (a0, a1), (b0, b1) in zip(*aln.aligned, strict=True):
         ia.append(np.arange(a0, a1))

@@ -254,10 +254,25 @@ def chain_map(model: ResidueInfo, ref: ResidueInfo, source: str) -> dict[str, st
 _ALIGNERS = threading.local()  # one aligner per thread: building one reads BLOSUM62 from disk
 
 
-def _aligner():
-    aligner = getattr(_ALIGNERS, "aligner", None)
-    if aligner is not None:
-        return aligner
+def aligner(free_end_gaps: bool = False):
+    """This thread's Biopython ``PairwiseAligner``: global, BLOSUM62, gap open -11, extend -1; with
+    ``free_end_gaps`` semi-global (overhangs cost nothing: the complexes' chain mapper, as OpenStructure's)."""
+    key = "semiglobal" if free_end_gaps else "global"
+    found = getattr(_ALIGNERS, key, None)
+    if found is not None:
+        return found
+    from Bio import Align
+    from Bio.Align import substitution_matrices
+
+    found = Align.PairwiseAligner()
+    found.mode = "global"
+    found.substitution_matrix = substitution_matrices.load("BLOSUM62")
+    found.open_gap_score = -11
+    found.extend_gap_score = -1
+    if free_end_gaps:
+        found.end_gap_score = 0
+    setattr(_ALIGNERS, key, found)
+    return found
     from Bio import Align
     from Bio.Align import substitution_matrices
 
@@ -333,11 +348,11 @@ def map_residues(model: ResidueInfo, ref: ResidueInfo, mapping, source: str) -> 
         else:
             mres: list[np.ndarray] = []
             rres: list[np.ndarray] = []
-            aligner = _aligner()
+            seq_aligner = aligner()
             for mc, rc in cmap.items():
                 mi = np.flatnonzero(model.polymer & (model.chain == mc))
                 ri = np.flatnonzero(ref.polymer & (ref.chain == rc))
-                aln = aligner.align(_sequence(model.std_resname[mi]), _sequence(ref.std_resname[ri]))[0]
+                aln = seq_aligner.align(_sequence(model.std_resname[mi]), _sequence(ref.std_resname[ri]))[0]
                 for (m0, m1), (r0, r1) in zip(*aln.aligned, strict=True):
                     mres.append(mi[m0:m1])
                     rres.append(ri[r0:r1])
