@@ -25,7 +25,7 @@ from .._autograd import refuse_grad, refuse_grad_of
 from .._inputs import source_name
 from ..errors import InputError
 from ..structure import Structure
-from . import _batch
+from . import _batch, _fast
 from . import _mapping as mp
 from . import _smooth_lddt as sl
 
@@ -492,6 +492,8 @@ def lddt(models, reference, *, atoms: str = "heavy", per_residue: bool = False, 
                                      _batch.work_dtype(models, reference))
     if be.on_gpu:
         counts = lddt_counts_cuda(batch.coords, ref, thresholds, symmetry)
+    elif _fast.enabled():  # compiled twin of lddt_counts_numpy (docs/design/cpu-speed.md)
+        counts = _fast.lddt_counts(batch.coords.astype(np.float64), ref, thresholds, symmetry)
     else:
         counts = lddt_counts_numpy(batch.coords.astype(np.float64), ref, thresholds, symmetry)
     glob, per = lddt_scores(counts, ref, len(thresholds), be.xp)
