@@ -4,6 +4,8 @@ same numbers with the fast path on and off. Skipped without numba (the NumPy twi
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import os
 import subprocess
 import sys
@@ -129,3 +131,39 @@ def test_environment_switch_turns_the_fast_path_off():
     env = dict(os.environ, PROTGPU_NUMBA="0", PYTHONPATH=os.pathsep.join(sys.path))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("all_pairs_max", [0, 10**9])
+@pytest.mark.parametrize("radius", [4.0, 15.0])
+def test_reference_pairs_equal_kd_tree(datasets, monkeypatch, all_pairs_max, radius):
+    # both compiled searches (cell list; every pair) give the k-d tree's pairs, in its order
+    ld = importlib.import_module("protgpu.scoring.lddt")
+    monkeypatch.setattr(_fast, "_ALL_PAIRS_MAX", all_pairs_max)
+    rng = np.random.default_rng(3)
+    for y in (load(datasets / "adk_closed.pdb").coords[0].astype(np.float64), rng.normal(size=(700, 3)) * 9.0,
+              rng.normal(size=(2, 3))):
+        got = _fast.pairs_within(y, radius)
+        monkeypatch.setattr(_fast, "ENABLED", False)
+        want = ld._pairs_within(y, radius)
+        monkeypatch.setattr(_fast, "ENABLED", True)
+        assert got is not None and np.array_equal(got, want)
+    far = _fast.pairs_within(np.array([[0.0, 0, 0], [1e6, 0, 0]]), radius)
+    if all_pairs_max == 0:
+        assert far is None  # a grid too sparse for the cell list: the k-d tree
+    else:
+        assert far.shape == (0, 2)
+
+
+@pytest.mark.parametrize("atoms", ["heavy", "ca"])
+def test_lddt_reference_same_with_fast_path_on_and_off(datasets, monkeypatch, atoms):
+    ld = importlib.import_module("protgpu.scoring.lddt")
+    s = load(datasets / "adk_open.pdb")
+    on = ld._structure_reference(s, atoms, 15.0)[0]
+    monkeypatch.setattr(_fast, "ENABLED", False)
+    off = ld._structure_reference(s, atoms, 15.0)[0]
+    for f in dataclasses.fields(on):
+        a, b = getattr(on, f.name), getattr(off, f.name)
+        if isinstance(a, np.ndarray):
+            assert a.dtype == b.dtype and np.array_equal(a, b), f.name
+        elif f.name != "_device":
+            assert a == b, f.name
