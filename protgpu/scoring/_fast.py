@@ -14,8 +14,10 @@ threads run or which models share a call. ``PROTGPU_NUMBA=0`` turns the fast pat
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -23,29 +25,46 @@ import numpy as np
 from .._threads import cpu_threads, run_tasks
 from ..superpose import qcp as _q
 
-try:  # optional dependency (extra "fast")
-    import numba as _nb
-except ImportError:  # pragma: no cover - exercised where numba is absent
-    _nb = None
-
+#: Whether numba can be imported (it is imported, and the loops below compiled, on first use only:
+#: importing numba takes ~0.5 s or more, which ``import protgpu`` should not pay).
+AVAILABLE = importlib.util.find_spec("numba") is not None
 #: False turns the fast paths off for this process (tests compare both; ``PROTGPU_NUMBA=0`` at start).
-ENABLED = _nb is not None and os.environ.get("PROTGPU_NUMBA", "1") != "0"
+ENABLED = AVAILABLE and os.environ.get("PROTGPU_NUMBA", "1") != "0"
 
 
 def enabled() -> bool:
     """Whether :func:`tm_search` and :func:`lddt_counts` may be used (numba importable, not switched off)."""
-    return ENABLED and _nb is not None
+    return ENABLED and AVAILABLE
+
+
+_KERNELS: dict = {}  # name -> fastmath flags of the functions _compile() replaces by numba dispatchers
+_compile_lock = threading.Lock()
 
 
 def _jit(fn):
-    return _nb.njit(cache=True, nogil=True, error_model="numpy")(fn) if _nb is not None else fn
+    _KERNELS[fn.__name__] = False
+    return fn
 
 
 def _jit_sum(fn):
     # Sums may be reassociated (vectorised): the same compiled order whatever the thread count, within
     # ~1e-15 relative of the NumPy twin's BLAS / pairwise sums (which differ from a plain loop anyway).
-    return _nb.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "nsz"})(fn) \
-        if _nb is not None else fn
+    _KERNELS[fn.__name__] = {"reassoc", "nsz"}
+    return fn
+
+
+def _compile() -> None:
+    """Replace this module's loop functions by numba dispatchers, once. numba resolves callees by their
+    global names when it compiles a first call, so all are replaced before any is called."""
+    with _compile_lock:
+        if all(hasattr(globals()[n], "py_func") for n in _KERNELS):
+            return
+        import numba
+
+        for name, fastmath in _KERNELS.items():
+            if not hasattr(globals()[name], "py_func"):
+                globals()[name] = numba.njit(cache=True, nogil=True, error_model="numpy",
+                                             fastmath=fastmath)(globals()[name])
 
 
 _MAX_ITERS = _q.MAX_ITERS
@@ -453,6 +472,7 @@ def tm_search(x, y, n_ali, params, *, stage1: bool = True) -> dict:
     """:func:`protgpu.scoring.tmscore.tm_search_numpy`, compiled (same arguments and result)."""
     from .tmscore import seed_fragments
 
+    _compile()
     x = np.ascontiguousarray(x, dtype=np.float64)
     y = np.ascontiguousarray(y, dtype=np.float64)
     params = np.ascontiguousarray(params, dtype=np.float64)
@@ -538,6 +558,7 @@ def _lddt_models(coords, m0, m1, pi, pj, ri, rj, dref, th, atom_res, symmetry, e
 
 def lddt_counts(coords, ref, thresholds=(0.5, 1.0, 2.0, 4.0), symmetry: bool = True) -> np.ndarray:
     """:func:`protgpu.scoring.lddt.lddt_counts_numpy` for float64 coordinates, compiled (same result)."""
+    _compile()
     coords = np.ascontiguousarray(coords, dtype=np.float64)
     m_total = coords.shape[0]
     th = np.asarray(thresholds, dtype=np.float64)
@@ -662,6 +683,7 @@ def _keep_pairs(y, pairs, atom_res, chain, radius):
 def reference_pairs(y, radius: float, atom_res, atom_chain):
     """The scored pairs of :func:`protgpu.scoring.lddt.lddt_reference` and their reference distances,
     ``(pairs (P, 2), d (P,))``, or None where :func:`pairs_within` declines."""
+    _compile()
     y = np.ascontiguousarray(y, dtype=np.float64)
     pairs = pairs_within(y, radius)
     if pairs is None:
@@ -676,6 +698,7 @@ _ALL_PAIRS_MAX = 4096  # atoms up to which testing every pair beats the cell lis
 def pairs_within(y: np.ndarray, radius: float) -> np.ndarray | None:
     """:func:`protgpu.scoring.lddt._pairs_within` by a compiled cell list, or None where the cell grid
     would be too sparse to be worth it (atoms spread far beyond the radius: the k-d tree then)."""
+    _compile()
     y = np.ascontiguousarray(y, dtype=np.float64)
     if len(y) == 0:
         return np.zeros((0, 2), np.int64)
