@@ -72,8 +72,7 @@ _NEWTON_RTOL = _q.NEWTON_RTOL
 _NEWTON_FLAT = _q.NEWTON_FLAT
 _ADJ_TINY = _q.ADJ_TINY
 _JACOBI_SWEEPS = _q.JACOBI_SWEEPS
-_GDT_CUTS2 = np.array([0.25, 1.0, 4.0, 16.0, 64.0])  # GDT cutoffs 0.5, 1, 2, 4, 8 A, squared
-_MAXSUB_D0SQ = 3.5 * 3.5
+_MAXSUB_D0SQ = 3.5 * 3.5  # tmscore._MAXSUB_D0SQ and _MAX_ROUNDS (compile-time constants here)
 _MAX_ROUNDS = 20
 
 
@@ -444,14 +443,14 @@ def _search_model(x0, y0, dsearch1, dsearch2, d0, inv_l, stage1, seeds, cuts2, o
 
 
 @_jit
-def _search_models(x, y, n_ali, params, stage1, m0, m1, seeds_all, seed_ptr, score, rt, gdt, maxsub):
+def _search_models(x, y, n_ali, params, stage1, m0, m1, seeds_all, seed_ptr, cuts2, score, rt, gdt, maxsub):
     y_step = y.shape[0] > 1
     for m in range(m0, m1):
         n = n_ali[m]
         ym = y[m if y_step else 0, :n]
         seeds = seeds_all[seed_ptr[m]:seed_ptr[m + 1]]
         s, ms = _search_model(x[m, :n], ym, params[m, 0], params[m, 1], params[m, 2], params[m, 3], stage1,
-                              seeds, _GDT_CUTS2, rt[m], gdt[m])
+                              seeds, cuts2, rt[m], gdt[m])
         score[m] = s
         maxsub[m] = ms
 
@@ -470,7 +469,7 @@ def _pool_run(m_total: int, fn, per_task: int = 4):
 
 def tm_search(x, y, n_ali, params, *, stage1: bool = True) -> dict:
     """:func:`protgpu.scoring.tmscore.tm_search_numpy`, compiled (same arguments and result)."""
-    from .tmscore import seed_fragments
+    from .tmscore import _GDT_CUTS2, seed_fragments
 
     _compile()
     x = np.ascontiguousarray(x, dtype=np.float64)
@@ -488,7 +487,7 @@ def tm_search(x, y, n_ali, params, *, stage1: bool = True) -> dict:
     gdt = np.zeros((m_total, 5), np.int64)
     maxsub = np.zeros(m_total)
     _pool_run(m_total, lambda m0, m1: _search_models(x, y, n_ali, params, bool(stage1), m0, m1, seeds_all,
-                                                     seed_ptr, score, rt, gdt, maxsub))
+                                                     seed_ptr, _GDT_CUTS2, score, rt, gdt, maxsub))
     return {"score": score, "rotation": np.ascontiguousarray(rt[:, :9].reshape(m_total, 3, 3)),
             "translation": np.ascontiguousarray(rt[:, 9:]), "gdt_counts": gdt, "maxsub_sum": maxsub}
 

@@ -167,3 +167,24 @@ def test_lddt_reference_same_with_fast_path_on_and_off(datasets, monkeypatch, at
             assert a.dtype == b.dtype and np.array_equal(a, b), f.name
         elif f.name != "_device":
             assert a == b, f.name
+
+
+def test_fit_from_sums_equals_kabsch_including_repeated_eigenvalues():
+    # the scalar QCP against protgpu.scoring._kabsch.superpose_from_sums; diag(1, 1, -1) has a triple top
+    # eigenvalue of K (the Jacobi fallback), zero sums an empty subset
+    from protgpu.scoring._kabsch import superpose_from_sums
+
+    _fast._compile()
+    rng = np.random.default_rng(5)
+    mats = [rng.normal(size=(3, 3)) * 50 for _ in range(20)] + [np.diag([1.0, 1.0, -1.0]) * 7, np.zeros((3, 3)),
+                                                                 np.eye(3) * 4]
+    rows, kbuf, q = np.empty((4, 4)), np.empty(10), np.empty(4)
+    for k, m in enumerate(mats):
+        n = 0.0 if k == len(mats) - 2 else 10.0
+        sx, sy = rng.normal(size=3), rng.normal(size=3)
+        sxy = m + n * np.outer(sx / max(n, 1.0), sy / max(n, 1.0))
+        rot, trans = np.empty((3, 3)), np.empty(3)
+        _fast._fit_from_sums(n, sx, sy, sxy.reshape(9), rot, trans, kbuf, q, rows)
+        want_r, want_t = superpose_from_sums(np.array([n]), sx[None], sy[None], sxy[None])
+        np.testing.assert_allclose(rot, want_r[0], atol=1e-12)
+        np.testing.assert_allclose(trans, want_t[0], atol=1e-10)
