@@ -25,7 +25,7 @@ import os
 from multiprocessing import Pool
 
 import numpy as np
-from _common import HERE, print_table, time_cpu, write_results
+from _common import HERE, machine, print_table, time_cpu, write_results
 
 DATA = HERE.parent / "datasets"
 
@@ -141,9 +141,11 @@ def main(argv=None) -> None:
             threads)
     print_table(rows, ["metric", "case", "cores", "anchor", "anchor_s", "protgpu_fast_s", "protgpu_numpy_s",
                        "ratio_fast", "ratio_numpy"])
-    path = write_results("scoring_cpu", rows, {"models": m, "threads": threads, "loadavg_before": load,
-                                                "loadavg_after": os.getloadavg() if load else None,
-                                                "numba": fast_ok}, a.json)
+    # no "gpu": None entry on a CPU-only machine (notebook 05 formats the GPU name of every result)
+    info = {k: v for k, v in machine().items() if v is not None}
+    path = write_results("scoring_cpu", rows, {"machine": info, "models": m, "threads": threads,
+                                                "loadavg_before": load, "numba": fast_ok,
+                                                "loadavg_after": os.getloadavg() if load else None}, a.json)
     print(f"wrote {path}")
 
 
