@@ -25,7 +25,7 @@ from .._autograd import refuse_grad, refuse_grad_of
 from .._inputs import source_name
 from ..errors import InputError
 from ..structure import Structure
-from . import _batch
+from . import _batch, _fast
 from . import _mapping as mp
 from . import _smooth_lddt as sl
 
@@ -89,6 +89,10 @@ class LDDTReference:
 
 def _pairs_within(y: np.ndarray, radius: float) -> np.ndarray:
     """Unordered pairs (i < j) with |y_i - y_j| <= radius, sorted."""
+    if _fast.enabled():  # a compiled cell list: the k-d tree and the sort were most of a one-model call
+        pairs = _fast.pairs_within(y, radius)
+        if pairs is not None:
+            return pairs
     from scipy.spatial import cKDTree
 
     pairs = cKDTree(y).query_pairs(radius, output_type="ndarray").astype(np.int64)
@@ -120,11 +124,15 @@ def lddt_reference(y: np.ndarray, atom_res: np.ndarray, atom_chain: np.ndarray, 
     """
     y = np.asarray(y, dtype=np.float64)
     atom_res = np.asarray(atom_res, dtype=np.int64)
-    pairs = _pairs_within(y, inclusion_radius)
-    d = np.sqrt(((y[pairs[:, 0]] - y[pairs[:, 1]]) ** 2).sum(axis=1))
-    keep = (atom_res[pairs[:, 0]] != atom_res[pairs[:, 1]]) & (
-        (d < inclusion_radius) | (atom_chain[pairs[:, 0]] != atom_chain[pairs[:, 1]]))
-    pairs, d = pairs[keep], d[keep]
+    got = _fast.reference_pairs(y, inclusion_radius, atom_res, atom_chain) if _fast.enabled() else None
+    if got is None:
+        pairs = _pairs_within(y, inclusion_radius)
+        d = np.sqrt(((y[pairs[:, 0]] - y[pairs[:, 1]]) ** 2).sum(axis=1))
+        keep = (atom_res[pairs[:, 0]] != atom_res[pairs[:, 1]]) & (
+            (d < inclusion_radius) | (atom_chain[pairs[:, 0]] != atom_chain[pairs[:, 1]]))
+        pairs, d = pairs[keep], d[keep]
+    else:  # the same pairs and distances, compiled (a third of a one-model call otherwise)
+        pairs, d = got
     n_exp = np.bincount(atom_res[pairs[:, 0]], minlength=n_res) + np.bincount(atom_res[pairs[:, 1]], minlength=n_res)
     n = len(y)
     tuples = np.zeros((0, 2), np.int64)
@@ -156,10 +164,12 @@ def lddt_reference(y: np.ndarray, atom_res: np.ndarray, atom_chain: np.ndarray, 
     if tuples.size:
         swap_of[tuples[:, 0]], swap_of[tuples[:, 1]] = tuples[:, 1], tuples[:, 0]
         group_of[tuples[:, 0]] = group_of[tuples[:, 1]] = tuple_group
-    op = np.concatenate([pairs, pairs[:, ::-1]])
-    od = np.concatenate([d, d])
-    sel = (swap_of[op[:, 0]] >= 0) & ~symset[op[:, 1]]
-    ent_atom, ent_partner, ent_dref = op[sel, 0], op[sel, 1], od[sel]
+    # both orientations of each pair: (symmetric atom, non-symmetric partner); sorted below
+    fwd = (swap_of[pairs[:, 0]] >= 0) & ~symset[pairs[:, 1]]
+    rev = (swap_of[pairs[:, 1]] >= 0) & ~symset[pairs[:, 0]]
+    ent_atom = np.concatenate([pairs[fwd, 0], pairs[rev, 1]])
+    ent_partner = np.concatenate([pairs[fwd, 1], pairs[rev, 0]])
+    ent_dref = np.concatenate([d[fwd], d[rev]])
     ent_group = group_of[ent_atom]
     order = np.lexsort((ent_partner, ent_atom, ent_group))
     return LDDTReference(
@@ -492,6 +502,8 @@ def lddt(models, reference, *, atoms: str = "heavy", per_residue: bool = False, 
                                      _batch.work_dtype(models, reference))
     if be.on_gpu:
         counts = lddt_counts_cuda(batch.coords, ref, thresholds, symmetry)
+    elif _fast.enabled():  # compiled twin of lddt_counts_numpy (docs/design/cpu-speed.md)
+        counts = _fast.lddt_counts(batch.coords.astype(np.float64), ref, thresholds, symmetry)
     else:
         counts = lddt_counts_numpy(batch.coords.astype(np.float64), ref, thresholds, symmetry)
     glob, per = lddt_scores(counts, ref, len(thresholds), be.xp)

@@ -36,7 +36,7 @@ from .._array import dispatch
 from .._autograd import refuse_grad
 from .._threads import blas_threads
 from ..errors import InputError
-from . import _batch
+from . import _batch, _fast
 from ._kabsch import superpose, superpose_from_sums
 
 # The search's layers (tm_inputs, search_parameters, seed_lengths, seed_fragments, tm_search_numpy,
@@ -515,6 +515,8 @@ def tm_score(models, reference, *, normalize_by="reference", mapping="resnum", d
     if be.on_gpu:
         x, y, bad = _without_bad_models(x, y, xp)
         raw = tm_search_cuda(x, y, batch.n_ali, params)
+    elif _fast.enabled():  # compiled twin of tm_search_numpy (docs/design/cpu-speed.md)
+        raw = _fast.tm_search(x, y, batch.n_ali, params)
     else:
         raw = tm_search_numpy(x, y, batch.n_ali, params)
     n_ref = float(batch.n_ref)

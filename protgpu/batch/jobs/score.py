@@ -231,6 +231,7 @@ class ScoreJob(Job):
         per job instead of once per batch (and kept on the device between batches)."""
         from ..._array import dispatch, to_numpy
         from ...scoring import _batch as sb
+        from ...scoring import _fast
         from ...scoring.lddt import lddt_counts_cuda, lddt_counts_numpy, lddt_scores
 
         thresholds = (0.5, 1.0, 2.0, 4.0)
@@ -241,6 +242,8 @@ class ScoreJob(Job):
                               sb.work_dtype(items, self.reference))
         if be.on_gpu:
             counts = lddt_counts_cuda(batch.coords, ref, thresholds, self.symmetry)
+        elif _fast.enabled():  # the compiled twin, as pg.lddt takes it (docs/design/cpu-speed.md)
+            counts = _fast.lddt_counts(batch.coords.astype(np.float64), ref, thresholds, self.symmetry)
         else:
             counts = lddt_counts_numpy(batch.coords.astype(np.float64), ref, thresholds, self.symmetry,
                                        max_elements=_CPU_LDDT_ELEMENTS)

@@ -1,0 +1,153 @@
+"""CPU rows of the scoring table: protgpu's TM-score and lDDT on the CPU against the tools people run.
+
+Data: the AdK trajectory of the repository (datasets/adk_dims.dcd on adk_closed.pdb: 214 residues,
+1,656 heavy atoms), frames cycled up to ``--models``; the reference is adk_closed.pdb.
+
+* TM-score: ``pg.tm_score(device="cpu")`` (the TMscore program's full search: both searches, every
+  seed) against ``tmtools.tm_align`` (TM-align: it also searches the alignment, so it does more work
+  than a fixed-alignment TM-score; the TMscore program itself is not installed here). One model on
+  one core; many models on every core (protgpu's threads vs a process pool of tm_align), and per core.
+* lDDT: ``pg.lddt(device="cpu")`` all heavy atoms against ``biotite.structure.lddt`` (one process;
+  biotite has no symmetry resolution: the like-for-like row is ``symmetry=False``, the default
+  ``symmetry=True`` row does more work). One model and many models.
+
+Each protgpu row is timed with the compiled path (numba) and with the NumPy twin (``PROTGPU_NUMBA``'s
+switch, :data:`protgpu.scoring._fast.ENABLED`): the twin is the before. Ratios are anchor time /
+protgpu time (above 1: protgpu faster). Anchors that are not installed are skipped.
+
+    python3 benchmarks/bench_scoring_cpu.py [--models M] [--repeat R] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from multiprocessing import Pool
+
+import numpy as np
+from _common import HERE, machine, print_table, time_cpu, write_results
+
+DATA = HERE.parent / "datasets"
+
+
+def _load(m: int):
+    import protgpu as pg
+
+    traj = pg.load(DATA / "adk_dims.dcd", top=DATA / "adk_closed.pdb")
+    idx = np.arange(m) % traj.n_frames
+    return traj.frames(idx), pg.load(DATA / "adk_closed.pdb")
+
+
+def _ca(s) -> np.ndarray:
+    ca = np.flatnonzero(s.atoms.name == "CA")
+    return np.ascontiguousarray(s.coords[:, ca], dtype=np.float64)
+
+
+def _tm_align_one(args):
+    import tmtools
+
+    x, y = args
+    seq = "A" * len(x)
+    return tmtools.tm_align(x, y, seq, seq).tm_norm_chain2
+
+
+def _tmtools_rows(x: np.ndarray, y: np.ndarray, threads: int, repeat: int) -> dict:
+    try:
+        import tmtools  # noqa: F401
+    except ImportError:
+        print("tmtools not installed: TM-score anchors skipped")
+        return {}
+    out = {"one": time_cpu(lambda: _tm_align_one((x[0], y)), repeat=repeat)["median_s"],
+           "serial": time_cpu(lambda: [_tm_align_one((xi, y)) for xi in x], repeat=1)["median_s"]}
+    with Pool(threads) as pool:
+        out["pool"] = time_cpu(lambda: pool.map(_tm_align_one, [(xi, y) for xi in x], chunksize=8),
+                               repeat=1)["median_s"]
+    return out
+
+
+def _biotite_rows(models, ref, repeat: int) -> dict:
+    try:
+        import biotite.structure as bs
+        from biotite.structure.io import pdb
+    except ImportError:
+        print("biotite not installed: lDDT anchors skipped")
+        return {}
+    arr = pdb.PDBFile.read(str(DATA / "adk_closed.pdb")).get_structure(model=1)
+    heavy = arr.element != "H"
+    ref_a = arr[heavy]
+    coords = models.coords[:, heavy].astype(np.float64)
+    return {"one": time_cpu(lambda: bs.lddt(ref_a, coords[0]), repeat=repeat)["median_s"],
+            "many": time_cpu(lambda: bs.lddt(ref_a, coords), repeat=1)["median_s"]}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", type=int, default=200)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+
+    import protgpu as pg
+    from protgpu._threads import cpu_threads
+    from protgpu.scoring import _fast
+
+    threads = cpu_threads()
+    models, ref = _load(a.models)
+    one = models.frames([0])
+    ref_path = str(DATA / "adk_closed.pdb")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    fast_ok = _fast.enabled()
+
+    def timed(fn, *, fast: bool, single_thread: bool = False, repeat: int = a.repeat):
+        saved_en, saved_threads = _fast.ENABLED, _fast.cpu_threads
+        _fast.ENABLED = fast and fast_ok
+        if single_thread:
+            _fast.cpu_threads = lambda: 1
+        try:
+            return time_cpu(fn, repeat=repeat)["median_s"]
+        finally:
+            _fast.ENABLED, _fast.cpu_threads = saved_en, saved_threads
+
+    tm_one = lambda: pg.tm_score(one, ref_path, device="cpu")  # noqa: E731
+    tm_many = lambda: pg.tm_score(models, ref_path, device="cpu")  # noqa: E731
+    anchors = _tmtools_rows(_ca(models), _ca(ref)[0], threads, a.repeat)
+    m = a.models
+    rows = []
+
+    def row(metric, case, anchor_name, anchor_s, fast_s, numpy_s, cores):
+        rows.append({"metric": metric, "case": case, "cores": cores, "anchor": anchor_name,
+                     "anchor_s": anchor_s, "protgpu_fast_s": fast_s, "protgpu_numpy_s": numpy_s,
+                     "ratio_fast": anchor_s / fast_s if anchor_s and fast_s else None,
+                     "ratio_numpy": anchor_s / numpy_s if anchor_s and numpy_s else None})
+
+    reps = max(1, a.repeat // 5)
+    row("tm_score", "1 model", "tmtools.tm_align", anchors.get("one"),
+        timed(tm_one, fast=True) if fast_ok else None, timed(tm_one, fast=False), 1)
+    row("tm_score", f"{m} models, 1 core", "tmtools.tm_align serial", anchors.get("serial"),
+        timed(tm_many, fast=True, single_thread=True, repeat=reps) if fast_ok else None,
+        timed(tm_many, fast=False, repeat=reps), 1)
+    row("tm_score", f"{m} models, all cores", f"tmtools.tm_align Pool({threads})", anchors.get("pool"),
+        timed(tm_many, fast=True, repeat=reps) if fast_ok else None, None, threads)
+
+    bio = _biotite_rows(models, ref, a.repeat)
+    for sym in (False, True):
+        l_one = lambda s=sym: pg.lddt(one, ref_path, device="cpu", symmetry=s)  # noqa: E731
+        l_many = lambda s=sym: pg.lddt(models, ref_path, device="cpu", symmetry=s)  # noqa: E731
+        tag = "symmetry" if sym else "no symmetry"
+        row("lddt", f"1 model, {tag}", "biotite.structure.lddt", bio.get("one"),
+            timed(l_one, fast=True) if fast_ok else None, timed(l_one, fast=False), 1)
+        row("lddt", f"{m} models, {tag}, all cores", "biotite.structure.lddt", bio.get("many"),
+            timed(l_many, fast=True, repeat=reps) if fast_ok else None, timed(l_many, fast=False, repeat=reps),
+            threads)
+    print_table(rows, ["metric", "case", "cores", "anchor", "anchor_s", "protgpu_fast_s", "protgpu_numpy_s",
+                       "ratio_fast", "ratio_numpy"])
+    # no "gpu": None entry on a CPU-only machine (notebook 05 formats the GPU name of every result)
+    info = {k: v for k, v in machine().items() if v is not None}
+    path = write_results("scoring_cpu", rows, {"machine": info, "models": m, "threads": threads,
+                                                "loadavg_before": load, "numba": fast_ok,
+                                                "loadavg_after": os.getloadavg() if load else None}, a.json)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
