@@ -18,6 +18,7 @@ import importlib.util
 import math
 import os
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -32,9 +33,26 @@ AVAILABLE = importlib.util.find_spec("numba") is not None
 ENABLED = AVAILABLE and os.environ.get("PROTGPU_NUMBA", "1") != "0"
 
 
+_IMPORTABLE: bool | None = None  # numba imported without error (checked on first use)
+
+
 def enabled() -> bool:
-    """Whether :func:`tm_search` and :func:`lddt_counts` may be used (numba importable, not switched off)."""
-    return ENABLED and AVAILABLE
+    """Whether :func:`tm_search` and :func:`lddt_counts` may be used (numba importable, not switched off).
+    An installed numba that fails to import (one built for an older NumPy, say) turns the fast paths off
+    with one warning: the NumPy twins give the same numbers."""
+    global _IMPORTABLE
+    if not (ENABLED and AVAILABLE):
+        return False
+    if _IMPORTABLE is None:
+        try:
+            import numba  # noqa: F401
+        except Exception as exc:  # ImportError, or numba's own check of the NumPy version
+            warnings.warn(f"numba is installed but cannot be imported ({type(exc).__name__}: {exc}); "
+                          "protgpu uses its NumPy scoring paths (same numbers, slower)", stacklevel=3)
+            _IMPORTABLE = False
+        else:
+            _IMPORTABLE = True
+    return _IMPORTABLE
 
 
 _KERNELS: dict = {}  # name -> fastmath flags of the functions _compile() replaces by numba dispatchers
