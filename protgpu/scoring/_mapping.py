@@ -273,16 +273,6 @@ def aligner(free_end_gaps: bool = False):
         found.end_gap_score = 0
     setattr(_ALIGNERS, key, found)
     return found
-    from Bio import Align
-    from Bio.Align import substitution_matrices
-
-    aligner = Align.PairwiseAligner()
-    aligner.mode = "global"
-    aligner.substitution_matrix = substitution_matrices.load("BLOSUM62")
-    aligner.open_gap_score = -11
-    aligner.extend_gap_score = -1
-    _ALIGNERS.aligner = aligner
-    return aligner
 
 
 def _sequence(std: np.ndarray) -> str:
