@@ -58,8 +58,9 @@ class CustomBuildHook(BuildHookInterface):
         if self.target_name != "wheel" or version == "editable":
             return
         if not _wanted(self.root):
-            self.app.display_info("protgpu: no GPU here and PROTGPU_WHEEL_ARCHS not set: the wheel ships no "
-                                  "prebuilt cubins (PROTGPU_WHEEL_ARCHS=all builds them for the common GPUs)")
+            self.app.display_info("protgpu: the wheel ships no prebuilt cubins (PROTGPU_WHEEL_ARCHS is none, or "
+                                  "unset on a machine without a GPU; PROTGPU_WHEEL_ARCHS=all builds them for the "
+                                  "common GPUs)")
             return
         self._tmp = tempfile.mkdtemp(prefix="protgpu-prebuilt-")
         out = Path(self._tmp) / "_prebuilt"
