@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from . import _fast
+
 # Secondary structure codes as TM-align writes them.
 COIL, HELIX, TURN, STRAND = "C", "H", "T", "E"
 
@@ -92,6 +94,8 @@ def nw_align(score, gap_open) -> np.ndarray:
     follows the same choices. Values are sums in the reference code's order, so equal inputs give
     equal bits.
     """
+    if _fast.enabled():  # the same cells compiled: equal result (docs/design/cpu-speed.md)
+        return _fast.nw_align(score, gap_open)
     s = np.ascontiguousarray(score, dtype=np.float64)
     b, l1, l2 = s.shape
     flat = s.reshape(b, l1 * l2)
@@ -190,6 +194,8 @@ def tm_scores_matrix(x, y, rot, trans, d0: float) -> np.ndarray:
     -------
     ndarray, shape (B, L1, L2)
     """
+    if _fast.enabled():
+        return _fast.tm_scores_matrix(x, y, rot, trans, d0)
     xt = transform(x, rot, trans)
     y = np.asarray(y, np.float64)
     d2 = None
