@@ -203,3 +203,90 @@ def tm_search(x, y, *, d0: float, d0_search: float, norm: float, step: int = 1, 
                     0.0 if score_d8 is None else float(score_d8), score_d8 is not None, MAX_ROUNDS, rt)
     rot = rt[:9].reshape(3, 3).copy()
     return float(score), rot, rt[9:] + cy - rot @ cx
+
+
+@_jit
+def _relaxed_cut(d2, n, cut2):
+    """_search._relaxed_cut for one candidate's n pairs (all valid)."""
+    cnt = 0
+    for p in range(n):
+        cnt += d2[p] <= cut2
+    if cnt >= 3 or n <= 3:
+        return cut2
+    m0 = m1 = m2 = np.inf  # the third smallest d^2
+    for p in range(n):
+        v = d2[p]
+        if v < m0:
+            m0, m1, m2 = v, m0, m1
+        elif v < m1:
+            m1, m2 = v, m1
+        elif v < m2:
+            m2 = v
+    m = max(np.ceil((m2 - cut2) / 0.5), 0.0)
+    for _ in range(3):  # the twin's settling of the closed form's rounding
+        if cut2 + 0.5 * m < m2:
+            m += 1.0
+        if m > 0 and cut2 + 0.5 * (m - 1.0) >= m2:
+            m -= 1.0
+    return cut2 + 0.5 * m
+
+
+@_jit
+def _fast_scores(x, y, maps, d0, d0_search, out):
+    """_search.fast_scores on centred (L, 3) coordinates: each candidate's valid pairs gathered into
+    (3, n) rows, three fits (the later two skipped when the first cutoff keeps every pair)."""
+    l2 = maps.shape[1]
+    xs = np.empty((3, l2))
+    ys = np.empty((3, l2))
+    d2 = np.empty(l2)
+    sel = np.empty(l2, dtype=np.bool_)
+    rot = np.empty((3, 3))
+    trans = np.empty(3)
+    kbuf = np.empty(10)
+    q = np.empty(4)
+    rows = np.empty((4, 4))
+    wk = np.empty(15)
+    d02 = d0 * d0
+    d002 = d0_search * d0_search
+    for b in range(maps.shape[0]):
+        n = 0
+        for j in range(l2):
+            i = maps[b, j]
+            if i >= 0:
+                for k in range(3):
+                    xs[k, n] = x[i, k]
+                    ys[k, n] = y[j, k]
+                n += 1
+        xv, yv, dv, sv = xs[:, :n], ys[:, :n], d2[:n], sel[:n]
+        _sf._fit_subset(xv, yv, sv, 0, n, rot, trans, kbuf, q, rows, wk)
+        _sf._dist2(xv, yv, rot, trans, dv)
+        best = _score_d8(dv, d02, 0.0, False, 1.0)
+        cut = _relaxed_cut(dv, n, d002)
+        kept = 0
+        for p in range(n):
+            sv[p] = dv[p] <= cut
+            kept += sv[p]
+        if kept != n:
+            _sf._fit_subset(xv, yv, sv, 0, -1, rot, trans, kbuf, q, rows, wk)
+            _sf._dist2(xv, yv, rot, trans, dv)
+            s1 = _score_d8(dv, d02, 0.0, False, 1.0)
+            cut = _relaxed_cut(dv, n, d002 + 1.0)
+            for p in range(n):
+                sv[p] = dv[p] <= cut
+            _sf._fit_subset(xv, yv, sv, 0, -1, rot, trans, kbuf, q, rows, wk)
+            _sf._dist2(xv, yv, rot, trans, dv)
+            s2 = _score_d8(dv, d02, 0.0, False, 1.0)
+            best = max(max(best, s1), s2)
+        out[b] = best
+
+
+def fast_scores(x, y, maps, *, d0: float, d0_search: float) -> np.ndarray:
+    """:func:`protgpu.align._search.fast_scores`, compiled (same arguments and result, to ~1e-15)."""
+    _compile()
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    maps = np.ascontiguousarray(maps, dtype=np.int64)
+    out = np.empty(len(maps))
+    _fast_scores(np.ascontiguousarray(x - x.mean(axis=0)), np.ascontiguousarray(y - y.mean(axis=0)), maps,
+                 float(d0), float(d0_search), out)
+    return out

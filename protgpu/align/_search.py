@@ -180,6 +180,8 @@ def fast_scores(x, y, maps, *, d0: float, d0_search: float) -> np.ndarray:
         0.5 A^2 while fewer than 3 pass), and after a refit on those within d0_search^2 + 1 A^2 (same
         relaxation). The second and third fits are skipped when the first cutoff keeps every pair.
     """
+    if _fast.enabled():
+        return _fast.fast_scores(x, y, maps, d0=d0, d0_search=d0_search)
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     maps = np.asarray(maps, dtype=np.int64)
