@@ -21,6 +21,7 @@ from ..scoring import _fast as _sf
 
 _KERNELS: list[str] = []
 _compile_lock = threading.Lock()
+_READY = False  # every loop compiled (skips the check on the ~100 calls of one pair)
 
 
 def enabled() -> bool:
@@ -36,15 +37,17 @@ def _jit(fn):
 
 def _compile() -> None:
     """Replace this module's loops by numba dispatchers, once (after the scoring loops they call)."""
+    global _READY
+    if _READY:
+        return
     _sf._compile()
     with _compile_lock:
-        if all(hasattr(globals()[n], "py_func") for n in _KERNELS):
-            return
         import numba
 
         for name in _KERNELS:
             if not hasattr(globals()[name], "py_func"):
                 globals()[name] = numba.njit(cache=True, nogil=True, error_model="numpy")(globals()[name])
+        _READY = True
 
 
 _DIAG, _LEFT, _UP = 0, 1, 2  # _dp's traceback moves
