@@ -129,6 +129,12 @@ def tm_scores_matrix(x, y, rot, trans, d0: float) -> np.ndarray:
 
 
 @_jit
+def _fit_scratch():
+    """Work arrays of scoring._fast._fit_subset: rotation, translation, QCP scratch."""
+    return np.empty((3, 3)), np.empty(3), np.empty(10), np.empty(4), np.empty((4, 4)), np.empty(15)
+
+
+@_jit
 def _score_d8(d2, d0sq, d8sq, use_d8, norm):
     s = 0.0
     for p in range(d2.shape[0]):
@@ -146,12 +152,7 @@ def _search(x, y, seeds, d0, d0_search, norm, d8, use_d8, max_rounds, out_rt):
     d0sq = d0 * d0
     d8sq = d8 * d8
     best = -np.inf
-    rot = np.empty((3, 3))
-    trans = np.empty(3)
-    kbuf = np.empty(10)
-    q = np.empty(4)
-    rows = np.empty((4, 4))
-    wk = np.empty(15)
+    rot, trans, kbuf, q, rows, wk = _fit_scratch()
     d2 = np.empty(n)
     cur = np.empty(n, dtype=np.bool_)
     new = np.empty(n, dtype=np.bool_)
@@ -243,12 +244,7 @@ def _fast_scores(x, y, maps, d0, d0_search, out):
     ys = np.empty((3, l2))
     d2 = np.empty(l2)
     sel = np.empty(l2, dtype=np.bool_)
-    rot = np.empty((3, 3))
-    trans = np.empty(3)
-    kbuf = np.empty(10)
-    q = np.empty(4)
-    rows = np.empty((4, 4))
-    wk = np.empty(15)
+    rot, trans, kbuf, q, rows, wk = _fit_scratch()
     d02 = d0 * d0
     d002 = d0_search * d0_search
     for b in range(maps.shape[0]):
