@@ -144,6 +144,24 @@ def _score_d8(d2, d0sq, d8sq, use_d8, norm):
 
 
 @_jit
+def _store(rot, trans, out_rt):
+    for i in range(3):
+        for j in range(3):
+            out_rt[3 * i + j] = rot[i, j]
+        out_rt[9 + i] = trans[i]
+
+
+@_jit
+def _settled(new, cur):
+    """Whether the kept set ``new`` equals ``cur``; ``cur`` becomes ``new``."""
+    same = True
+    for p in range(cur.shape[0]):
+        same = same and new[p] == cur[p]
+        cur[p] = new[p]
+    return same
+
+
+@_jit
 def _search(x, y, seeds, d0, d0_search, norm, d8, use_d8, max_rounds, out_rt):
     """_search.tm_search's seeds and rounds on centred (3, n) rows; returns the best score, its
     superposition (of the centred sets) in out_rt[:9], out_rt[9:]. A new score is kept only when
@@ -163,10 +181,7 @@ def _search(x, y, seeds, d0, d0_search, norm, d8, use_d8, max_rounds, out_rt):
         sc = _score_d8(d2, d0sq, d8sq, use_d8, norm)
         if sc > best:
             best = sc
-            for i in range(3):
-                for j in range(3):
-                    out_rt[3 * i + j] = rot[i, j]
-                out_rt[9 + i] = trans[i]
+            _store(rot, trans, out_rt)
         for _ in range(max_rounds):
             _sf._fit_subset(x, y, cur, 0, -1, rot, trans, kbuf, q, rows, wk)
             _sf._dist2(x, y, rot, trans, d2)
@@ -174,16 +189,8 @@ def _search(x, y, seeds, d0, d0_search, norm, d8, use_d8, max_rounds, out_rt):
             sc = _score_d8(d2, d0sq, d8sq, use_d8, norm)
             if sc > best:
                 best = sc
-                for i in range(3):
-                    for j in range(3):
-                        out_rt[3 * i + j] = rot[i, j]
-                    out_rt[9 + i] = trans[i]
-            same = True
-            for p in range(n):
-                if new[p] != cur[p]:
-                    same = False
-                cur[p] = new[p]
-            if same:
+                _store(rot, trans, out_rt)
+            if _settled(new, cur):
                 break
     return best
 
