@@ -52,8 +52,9 @@ def chains_of(x, what: str, chain: str | None = None) -> list[Chain]:
         return [one_chain(item, f"{what}[{k}]", chain) for k, item in enumerate(x)]
     if is_array(x) and not has_topology(x):
         a = to_numpy(as_array(x, what))
-        if a.ndim == 3:
-            return [_array_chain(a[k], f"{what}[{k}]") for k in range(len(a))]
+        if a.ndim == 3:  # N traces: checked once, with the front door's wording (frame k, atom i)
+            check_finite(a, what)
+            return [_array_chain(a[k], f"{what}[{k}]", checked=True) for k in range(len(a))]
     if has_topology(x):
         s = as_structure(x, what)
         if s.n_frames > 1:
@@ -81,10 +82,11 @@ def one_chain(x, what: str, chain: str | None = None) -> Chain:
                      f"array, or a list of these; got {type(x).__name__}")
 
 
-def _array_chain(a: np.ndarray, name: str) -> Chain:
+def _array_chain(a: np.ndarray, name: str, checked: bool = False) -> Chain:
     if a.ndim != 2 or a.shape[-1] != 3:
         raise InputError(f"{name}: a CA trace must have shape (residues, 3), got {a.shape}")
-    check_finite(a, name)
+    if not checked:
+        check_finite(a, name)
     _check_length(len(a), name)
     return Chain(np.asarray(a, dtype=np.float64), "X" * len(a), name, 0)
 

@@ -156,9 +156,12 @@ def model_structure(model, reference: Structure, what: str = "model") -> Structu
         a = np.asarray(to_numpy(as_array(model, what)), dtype=np.float32)
         if a.ndim == 2:
             a = a[None]
-        if a.ndim != 3 or a.shape[1:] != (reference.n_atoms, 3):
-            raise InputError(f"{what}: a coordinate array must hold the reference's {reference.n_atoms} "
-                             f"atoms, shape (atoms, 3) or (models, atoms, 3); got {a.shape}")
+        if a.ndim == 3 and a.shape[2] == 3 and a.shape[1] != reference.n_atoms:  # scoring's wording
+            raise InputError(f"{what}: a coordinate array scored against a Structure must have its "
+                             f"{reference.n_atoms} atoms, got {a.shape[1]}")
+        if a.ndim != 3 or a.shape[2] != 3:
+            raise InputError(f"{what}: a coordinate array must have shape (atoms, 3) or (models, atoms, 3); "
+                             f"got {a.shape}")
         return Structure(a, reference.atoms, source=None)
     return as_structure(model, what)
 
