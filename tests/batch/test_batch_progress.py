@@ -22,17 +22,9 @@ def traj(datasets):
 
 
 @pytest.fixture(scope="module")
-def long_dcd(tmp_path_factory, datasets):
-    """adk_dims.dcd's CA atoms repeated 20 times: 1,960 frames in one DCD, and its CA topology."""
-    md = pytest.importorskip("mdtraj")
-    d = tmp_path_factory.mktemp("long")
-    t = md.load(str(datasets / "adk_dims.dcd"), top=str(datasets / "adk_open.pdb"))
-    t = t.atom_slice(t.topology.select("name CA"))
-    for a in t.topology.atoms:  # adk_open.pdb has no element column: mdtraj would guess calcium
-        a.element = md.element.carbon
-    t[0].save_pdb(str(d / "ca.pdb"))
-    md.join([t] * 20).save_dcd(str(d / "long.dcd"))
-    return d / "long.dcd", d / "ca.pdb"
+def long_dcd(long_ca_dcd):
+    """The 1,960-frame CA trajectory and its topology (tests/batch/conftest.py)."""
+    return long_ca_dcd
 
 
 def test_frame_slices():

@@ -68,17 +68,9 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.fixture(scope="module")
-def long_traj(tmp_path_factory, datasets):
-    """adk_dims.dcd's CA atoms repeated 20 times: 1,960 frames in one DCD, and its CA topology."""
-    md = pytest.importorskip("mdtraj")
-    d = tmp_path_factory.mktemp("traj")
-    t = md.load(str(datasets / "adk_dims.dcd"), top=str(datasets / "adk_open.pdb"))
-    t = t.atom_slice(t.topology.select("name CA"))
-    for a in t.topology.atoms:  # adk_open.pdb has no element column: mdtraj would guess calcium
-        a.element = md.element.carbon
-    t[0].save_pdb(str(d / "ca.pdb"))
-    md.join([t] * 20).save_dcd(str(d / "long.dcd"))
-    return d / "long.dcd", d / "ca.pdb"
+def long_traj(long_ca_dcd):
+    """The 1,960-frame CA trajectory and its topology (tests/batch/conftest.py)."""
+    return long_ca_dcd
 
 
 def _args(long_traj, out, *extra):
