@@ -56,11 +56,7 @@ def chains_of(x, what: str, chain: str | None = None) -> list[Chain]:
             check_finite(a, what)
             return [_array_chain(a[k], f"{what}[{k}]", checked=True) for k in range(len(a))]
     if has_topology(x):
-        s = as_structure(x, what)
-        if s.n_frames > 1:
-            name = source_name(s, what)
-            return [_structure_chain(s.frames(k), what, chain, f"{name} frame {k}") for k in range(s.n_frames)]
-        return [_structure_chain(s, what, chain)]
+        return _structure_chains(as_structure(x, what), what, chain)
     return [one_chain(x, what, chain)]
 
 
@@ -75,7 +71,7 @@ def one_chain(x, what: str, chain: str | None = None) -> Chain:
     """One chain from one input (Structure, path, mdtraj/Bio.PDB object, or an (L, 3) CA array); of a
     multi-frame Structure, the first frame."""
     if has_topology(x):
-        return _structure_chain(as_structure(x, what), what, chain)
+        return _structure_chains(as_structure(x, what), what, chain, first_frame_only=True)[0]
     if is_array(x) or isinstance(x, (list, tuple)):
         return _array_chain(to_numpy(as_array(x, what)), what)
     raise InputError(f"{what}: expected a Structure, a file path, a Bio.PDB/mdtraj object, an (L, 3) CA "
@@ -97,8 +93,9 @@ def _check_length(n: int, name: str) -> None:
                          f"least {MIN_RESIDUES}")
 
 
-def _structure_chain(s, what: str, chain: str | None, name: str | None = None) -> Chain:
-    name = name or source_name(s, what)
+def _structure_chains(s, what: str, chain: str | None, first_frame_only: bool = False) -> list[Chain]:
+    """The chain's CA trace in every frame (or the first): the atoms are chosen once, from the table."""
+    name = source_name(s, what)
     atoms = s.atoms
     std = atoms.std_resname
     protein = np.isin(std, list(AMINO_ACIDS)) | (np.char.upper(atoms.resname.astype(str)) == "UNK")
@@ -130,8 +127,10 @@ def _structure_chain(s, what: str, chain: str | None, name: str | None = None) -
     ca_atoms = np.sort(ca_atoms[first])
     protein_res = np.unique(res[protein & in_chain])
     n_skipped = int(len(protein_res) - len(ca_atoms))
-    xyz = np.asarray(s.coords[0][ca_atoms], dtype=np.float64)
-    check_finite(xyz, name)
-    _check_length(len(xyz), name if chain is None else f"{name} chain {pick!r}")
+    _check_length(len(ca_atoms), name if chain is None else f"{name} chain {pick!r}")
+    xyz = np.asarray(s.coords[:1 if first_frame_only else None, ca_atoms], dtype=np.float64)
+    check_finite(xyz, name)  # the front door's wording: frame k (atom i of the trace)
     seq = "".join(ONE_LETTER.get(r, "X") for r in std[ca_atoms].tolist())
-    return Chain(xyz, seq, name, n_skipped)
+    if len(xyz) == 1:
+        return [Chain(xyz[0], seq, name, n_skipped)]
+    return [Chain(xyz[k], seq, f"{name} frame {k}", n_skipped) for k in range(len(xyz))]
