@@ -15,6 +15,7 @@ pLDDT is always returned on the 0-100 scale; PAE in Angstrom.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -25,6 +26,8 @@ import numpy as np
 
 from .._inputs import as_structure
 from ..errors import InputError
+from ..io._files import check_file, read_bytes
+from ..io.pdb import _looks_like_mmcif
 from ..structure import WATER_RESNAMES
 
 __all__ = [
@@ -89,8 +92,14 @@ def _bfactors(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
     """(chain, resid, icode, atom name) keys and B-factors of the first model's atoms, first altloc."""
     import gemmi
 
+    # through protgpu's reader of files (regular files only, the size cap, compression by content)
+    data = read_bytes(path)
+    text = data.decode("utf-8", "replace")
     try:
-        st = gemmi.read_structure(str(path), merge_chain_parts=False)
+        if _looks_like_mmcif(data):
+            st = gemmi.make_structure_from_block(gemmi.cif.read_string(text).sole_block())
+        else:
+            st = gemmi.read_pdb_string(text)
     except Exception as exc:  # gemmi raises RuntimeError, ValueError, ...: one line
         raise InputError(f"{path}: cannot read B-factors: {str(exc).splitlines()[0]}") from None
     st.remove_alternative_conformations()
@@ -178,15 +187,14 @@ def plddt_from_bfactors(path, structure=None) -> Confidence:
 
 def _load_json(path: Path):
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError) as exc:
+        return json.loads(read_bytes(path))
+    except ValueError as exc:
         raise InputError(f"{path}: cannot read JSON: {str(exc).splitlines()[0]}") from None
 
 
 def _load_npz(path: Path) -> dict:
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with np.load(io.BytesIO(read_bytes(path)), allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: cannot read NPZ: {str(exc).splitlines()[0]}") from None
@@ -475,8 +483,10 @@ def read_confidence(path_or_folder, structure=None) -> Confidence:
     p = Path(os.fspath(path_or_folder))
     if p.is_dir():
         p = _pick_in_folder(p)
-    elif not p.is_file():
+    elif not p.exists():
         raise InputError(f"{p}: no such file or folder")
+    else:
+        check_file(p)  # the loaders' one check and wording: a pipe, a device, an empty file
     conf = _read_file(p)
     if structure is not None:
         s = as_structure(structure, "structure")

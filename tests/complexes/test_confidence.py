@@ -107,6 +107,22 @@ def test_real_af3_summary():
     assert c.extra["ranking_score"] == 0.86
 
 
+def test_files_are_read_as_every_input_is(tmp_path):
+    # through protgpu's file reader: a gzipped file is read, a named pipe refused at once (no hang)
+    import gzip
+    import os
+
+    src = DATA / "confidence" / "fold_5b8c_summary_confidences_0.json"
+    gz = tmp_path / "fold_x_summary_confidences_0.json"
+    gz.write_bytes(gzip.compress(src.read_bytes()))  # compression is recognised by content
+    assert read_confidence(gz).ptm == read_confidence(src).ptm
+    if hasattr(os, "mkfifo"):
+        fifo = tmp_path / "fold_y_summary_confidences_0.json"
+        os.mkfifo(fifo)
+        with pytest.raises(InputError, match="not a regular file"):
+            read_confidence(fifo)
+
+
 def test_boltz_files(tmp_path):
     rng = np.random.default_rng(1)
     pae = rng.uniform(0, 25, (4, 4)).astype(np.float32)
