@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 
 from . import batch
 from ._array import gpu_available
-from .align import TMAlignResult, tm_align
+from .align import TMAlignResult, tm_align, tm_align_matrix
 from .attention import attention
 from .cluster import Clustering, cluster
 from .complexes import ChainMapping, Confidence, design_sanity, map_chains, read_confidence, score_complex
@@ -62,5 +62,6 @@ __all__ = [
     "score_complex",
     "superpose",
     "tm_align",
+    "tm_align_matrix",
     "tm_score",
 ]

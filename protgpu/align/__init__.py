@@ -8,5 +8,6 @@ and, next, the CUDA kernels. ``docs/design/tm-align.md`` describes the algorithm
 from __future__ import annotations
 
 from .api import TMAlignResult, tm_align
+from .matrix import tm_align_matrix
 
-__all__ = ["TMAlignResult", "tm_align"]
+__all__ = ["TMAlignResult", "tm_align", "tm_align_matrix"]

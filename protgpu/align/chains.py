@@ -47,7 +47,10 @@ class Chain(NamedTuple):
 
 
 def chains_of(x, what: str, chain: str | None = None) -> list[Chain]:
-    """The chains of one argument: a single input gives one, a list (or an (N, L, 3) array) several."""
+    """The chains of one argument: a single input gives one, a list (or an (N, L, 3) array) several.
+    A :class:`Chain` (read before, e.g. from a structure database) is taken as it is."""
+    if isinstance(x, Chain):
+        return [x]
     if isinstance(x, (list, tuple)) and x and not _is_number_list(x):
         return [one_chain(item, f"{what}[{k}]", chain) for k, item in enumerate(x)]
     if is_array(x) and not has_topology(x):
@@ -69,7 +72,9 @@ def _is_number_list(x) -> bool:
 
 def one_chain(x, what: str, chain: str | None = None) -> Chain:
     """One chain from one input (Structure, path, mdtraj/Bio.PDB object, or an (L, 3) CA array); of a
-    multi-frame Structure, the first frame."""
+    multi-frame Structure, the first frame; a :class:`Chain` as it is."""
+    if isinstance(x, Chain):
+        return x
     if has_topology(x):
         return _structure_chains(as_structure(x, what), what, chain, first_frame_only=True)[0]
     if is_array(x) or isinstance(x, (list, tuple)):
