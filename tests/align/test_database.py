@@ -1,0 +1,117 @@
+"""The .pgdb structure database: round trip (coordinates, sequences, secondary structure, names,
+lengths), one memory map, atomic writing, and one-line errors naming the file for bad files."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from protgpu.align import database
+from protgpu.align._dp import secondary_structure
+from protgpu.align.chains import Chain
+from protgpu.errors import InputError
+
+FILES = ("d1t3ba2.pdb", "d2nwta1.pdb", "1e79h.pdb")
+
+
+@pytest.fixture(scope="module")
+def chains(datasets):
+    return [database.read_chain(datasets / "tmalign" / f) for f in FILES]
+
+
+@pytest.fixture
+def db_path(tmp_path, chains):
+    return database.write(tmp_path / "db.pgdb", chains)
+
+
+def test_round_trip(db_path, chains):
+    db = database.load(db_path)
+    assert len(db) == len(chains)
+    assert db.names == [f"{f}:{c.name.rsplit(':', 1)[1]}" for f, c in zip(FILES, chains, strict=True)]
+    np.testing.assert_array_equal(db.lengths, [len(c.ca) for c in chains])
+    for k, c in enumerate(db.chains()):
+        # protgpu reads coordinates as float32: the float32 store is exact
+        np.testing.assert_array_equal(c.ca, chains[k].ca)
+        assert c.ca.dtype == np.float64 and c.sequence == chains[k].sequence and c.n_skipped == chains[k].n_skipped
+        a, b = db.offsets[k], db.offsets[k + 1]
+        assert bytes(db.secondary[a:b]).decode() == secondary_structure(chains[k].ca)
+    assert [c.name for c in db.chains(1, 3)] == db.names[1:3]
+    assert isinstance(db.coords.base, np.memmap) or isinstance(db.coords, np.memmap)
+    assert db.coords.dtype == np.float32 and not db.coords.flags.writeable
+
+
+def test_arrays_are_aligned_and_header_is_json(db_path):
+    raw = db_path.read_bytes()
+    assert raw[:8] == database.MAGIC
+    (h,) = struct.unpack("<Q", raw[8:16])
+    head = json.loads(raw[16:16 + h])
+    assert head["version"] == 1 and head["n_chains"] == len(FILES)
+    assert all(spec["offset"] % 64 == 0 and spec["offset"] >= 16 + h for spec in head["arrays"].values())
+
+
+def test_read_chain_names_file_and_chain(datasets):
+    c = database.read_chain(datasets / "tmalign" / "1e79h.pdb")
+    assert c.name.startswith("1e79h.pdb:") and len(c.name.split(":")[1]) == 1
+
+
+def _corrupt(path, raw):
+    path.write_bytes(raw)
+    return path
+
+
+@pytest.mark.parametrize("mangle, words", [
+    (lambda raw: b"", "wrong magic"),
+    (lambda raw: b"PK\x03\x04" + raw[4:], "wrong magic"),
+    (lambda raw: b"PGTMDB2\n" + raw[8:], "format version 2"),
+    (lambda raw: raw[:len(raw) // 2], "truncated"),
+    (lambda raw: raw[:20], "truncated header"),
+    (lambda raw: raw[:16] + b"x" + raw[17:], "unreadable header"),
+])
+def test_bad_files_are_one_line_naming_the_file(tmp_path, db_path, mangle, words):
+    bad = _corrupt(tmp_path / "bad.pgdb", mangle(db_path.read_bytes()))
+    with pytest.raises(InputError) as e:
+        database.load(bad)
+    msg = str(e.value)
+    assert str(bad) in msg and words in msg and "\n" not in msg
+
+
+def test_inconsistent_offsets_are_caught(tmp_path, db_path):
+    raw = bytearray(db_path.read_bytes())
+    (h,) = struct.unpack("<Q", raw[8:16])
+    off = json.loads(raw[16:16 + h])["arrays"]["offsets"]["offset"]
+    raw[off + 8:off + 16] = struct.pack("<q", 10**6)  # chain 0 ends past the residues
+    with pytest.raises(InputError, match="offsets are inconsistent"):
+        database.load(_corrupt(tmp_path / "bad.pgdb", bytes(raw)))
+
+
+def test_missing_file_and_empty_database(tmp_path):
+    with pytest.raises(InputError, match="no such database file"):
+        database.load(tmp_path / "nope.pgdb")
+    with pytest.raises(InputError, match="at least one chain"):
+        database.write(tmp_path / "e.pgdb", [])
+    assert not (tmp_path / "e.pgdb").exists()
+
+
+def test_write_is_atomic(tmp_path, db_path, chains, monkeypatch):
+    before = db_path.read_bytes()
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(database, "_write_file", boom)
+    with pytest.raises(Exception):  # noqa: B017 - whatever the writer wraps it in
+        database.write(db_path, chains[:1])
+    assert db_path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["db.pgdb"]
+
+
+def test_array_traces_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    cs = [Chain(np.round(rng.normal(size=(n, 3)) * 10, 3).astype(np.float32).astype(np.float64), "A" * n,
+                f"c{n}", 0) for n in (5, 9)]
+    db = database.load(database.write(tmp_path / "a.pgdb", cs))
+    assert db.names == ["c5", "c9"] and [len(c.ca) for c in db.chains()] == [5, 9]
+    np.testing.assert_array_equal(db.chains()[1].ca, cs[1].ca)
