@@ -84,6 +84,62 @@ class StructureDB:
         return [self.chain(k) for k in range(start, len(self) if stop is None else stop)]
 
 
+#: Database entries per tm_align call in :func:`search`: a GPU batch large enough to fill the device,
+#: and a bounded host footprint (float64 chains and alignments of one chunk, ~0.3 GB at 300 residues).
+CHUNK = 32768
+
+
+def search(query, db, *, top=None, min_tm=0.0, device="auto", chunk=CHUNK) -> list[dict]:
+    """TM-align one query chain (Chain_1) onto every entry (Chain_2) of a database: the hits, sorted.
+
+    The entries go to :func:`~protgpu.align.tm_align` in chunks of ``chunk`` (one call each, batched
+    on the GPU), so host memory is bounded by the chunk, not the database.
+
+    Parameters
+    ----------
+    query : Chain
+        From :func:`read_chain` (or :func:`~protgpu.align.chains.one_chain`).
+    db : StructureDB
+        From :func:`load`.
+    top : int, optional
+        Keep the first ``top`` rows (after ``min_tm``).
+    min_tm : float
+        Keep rows with ``tm_query`` at least this.
+    device : {"auto", "cpu", "gpu"}
+    chunk : int
+        Entries per ``tm_align`` call.
+
+    Returns
+    -------
+    list of dict
+        One row per hit: query, target (names), tm_query (normalised by the query's length),
+        tm_target (by the entry's), rmsd (Angstrom), n_aligned, seq_identity; sorted by tm_query from
+        the highest, ties by tm_target, then database order.
+    """
+    from .api import tm_align
+
+    if top is not None and (isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1):
+        raise InputError(f"top must be a positive integer, not {top!r}")
+    if not 0.0 <= float(min_tm) <= 1.0:
+        raise InputError(f"min_tm must be between 0 and 1, not {min_tm!r}")
+    names = db.names
+    cols = {k: [] for k in ("tm_query", "tm_target", "rmsd", "n_aligned", "seq_identity")}
+    for s in range(0, len(db), chunk):
+        r = tm_align(query, db.chains(s, min(len(db), s + chunk)), device=device)
+        for k, field in (("tm_query", "tm_mobile"), ("tm_target", "tm_target"), ("rmsd", "rmsd"),
+                         ("n_aligned", "n_aligned"), ("seq_identity", "seq_identity")):
+            cols[k].append(getattr(r, field))
+    c = {k: np.concatenate(v) for k, v in cols.items()}
+    order = np.lexsort((np.arange(len(db)), -c["tm_target"], -c["tm_query"]))
+    order = order[c["tm_query"][order] >= min_tm]
+    if top is not None:
+        order = order[:top]
+    return [{"query": query.name, "target": names[t], "tm_query": float(c["tm_query"][t]),
+             "tm_target": float(c["tm_target"][t]), "rmsd": float(c["rmsd"][t]),
+             "n_aligned": int(c["n_aligned"][t]), "seq_identity": float(c["seq_identity"][t])}
+            for t in order.tolist()]
+
+
 def read_chain(path, chain: str | None = None) -> Chain:
     """One file's chain as TM-align reads it (the first protein chain, or ``chain``; the first
     model), named ``file:chain_id``, through the front door (:func:`protgpu.align.chains.one_chain`)."""

@@ -5,9 +5,8 @@ the query is Chain_1 (mobile), the entry Chain_2. Rows (query, target, tm_query,
 n_aligned, seq_identity) are grouped by query in input order, each group sorted by ``tm_query`` (the
 TM-score normalised by the query's length: how much of the query the hit covers, comparable across
 hits) from the highest, ties by ``tm_target`` then by database order. ``--min-tm`` keeps rows with
-``tm_query`` at least that; ``--top`` then keeps the first K of each query. The entries go to
-:func:`protgpu.align.tm_align` in chunks of :data:`CHUNK` (one call per chunk, batched on the GPU),
-so memory does not grow with the database.
+``tm_query`` at least that; ``--top`` then keeps the first K of each query
+(:func:`protgpu.align.database.search`).
 """
 
 from __future__ import annotations
@@ -15,18 +14,10 @@ from __future__ import annotations
 import sys
 import time
 
-import numpy as np
-
-from ..errors import InputError
 from ._cli_text import add_out, add_parser
 from .align import CHAIN_HELP, check_table_out, print_tsv
 
 COLUMNS = ("query", "target", "tm_query", "tm_target", "rmsd", "n_aligned", "seq_identity")
-#: Database entries per tm_align call: a GPU batch large enough to fill the device, and a bounded
-#: host footprint (float64 chains and alignments of one chunk, ~0.3 GB for 300-residue entries).
-CHUNK = 32768
-
-
 def register(sub, common) -> None:
     p = add_parser(
         sub, "search", help="TM-align search of query structures against a structure database",
@@ -48,39 +39,12 @@ def register(sub, common) -> None:
     p.set_defaults(func=run)
 
 
-def search(query, db, *, top=None, min_tm=0.0, device="auto", chunk=CHUNK) -> list[dict]:
-    """The hits of one query :class:`~protgpu.align.chains.Chain` in a
-    :class:`~protgpu.align.database.StructureDB`, as rows sorted as the command writes them."""
-    from ..align import tm_align
-
-    names = db.names
-    cols = {k: [] for k in ("tm_query", "tm_target", "rmsd", "n_aligned", "seq_identity")}
-    for s in range(0, len(db), chunk):
-        r = tm_align(query, db.chains(s, min(len(db), s + chunk)), device=device)
-        for k, field in (("tm_query", "tm_mobile"), ("tm_target", "tm_target"), ("rmsd", "rmsd"),
-                         ("n_aligned", "n_aligned"), ("seq_identity", "seq_identity")):
-            cols[k].append(getattr(r, field))
-    c = {k: np.concatenate(v) for k, v in cols.items()}
-    order = np.lexsort((np.arange(len(db)), -c["tm_target"], -c["tm_query"]))
-    order = order[c["tm_query"][order] >= min_tm]
-    if top is not None:
-        order = order[:top]
-    return [{"query": query.name, "target": names[t], "tm_query": float(c["tm_query"][t]),
-             "tm_target": float(c["tm_target"][t]), "rmsd": float(c["rmsd"][t]),
-             "n_aligned": int(c["n_aligned"][t]), "seq_identity": float(c["seq_identity"][t])}
-            for t in order.tolist()]
-
-
 def run(args) -> int:
-    from ..align.database import load, read_chain
+    from ..align.database import load, read_chain, search
     from ..batch.inputs import expand_inputs
     from ..batch.writers import write_table
 
     check_table_out(args.out)
-    if args.top is not None and args.top < 1:
-        raise InputError(f"--top must be at least 1, not {args.top}")
-    if not 0.0 <= args.min_tm <= 1.0:
-        raise InputError(f"--min-tm must be between 0 and 1, not {args.min_tm}")
     db = load(args.db)
     queries = [read_chain(p, args.chain) for p in expand_inputs(args.inputs)]
     t0 = time.perf_counter()

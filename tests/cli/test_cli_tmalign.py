@@ -103,7 +103,7 @@ def test_search_parquet(files, db, tmp_path):
     (["align", "{f0}", "{f1}", "--out", "{tmp}/x.txt"], "use a .csv"),
     (["align", "{f0}", "{bad}"], "bad.pdb"),
     (["search", "{f0}", "--db", "{f0}", "--out", "{tmp}/h.csv"], "not a valid protgpu structure database"),
-    (["search", "{f0}", "--db", "{db}", "--top", "0", "--out", "{tmp}/h.csv"], "--top"),
+    (["search", "{f0}", "--db", "{db}", "--top", "0", "--out", "{tmp}/h.csv"], "top must be a positive integer"),
     (["search", "{bad}", "--db", "{db}", "--out", "{tmp}/h.csv"], "bad.pdb"),
     (["db", "build", "{f0}", "{bad}", "--out", "{tmp}/d.pgdb"], "bad.pdb"),
     (["db", "build", "{f0}", "--out", "{tmp}/d.npz"], "use a .pgdb"),

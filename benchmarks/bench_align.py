@@ -1,0 +1,476 @@
+"""TM-align at scale: pg.tm_align throughput, database search, accuracy against TM-align (tmtools),
+and fold-level search sensitivity on SCOPe, with the anchors in the same run.
+
+Data: the shared corpus ``../shared/datasets/structures`` (``--corpus``; its PROVENANCE.md and
+labels.tsv): 1,500 SCOPe 2.08 40% domains (CA only, class/fold/superfamily labels), 25 HOMSTRAD
+family pairs, 11 circular-permutation pairs, 226 GTalign query chains (the long ones).
+
+Parts (``--parts a,b,c,d``; each is run on its own, a failure in one is recorded and the others go on;
+the results file keeps the parts of earlier runs, so the parts can be run in separate calls):
+
+* **a** throughput, pairs/s, for chains of ~100 (SCOPe domains of 80-120 residues), ~300 (GTalign PDB20
+  chains of 250-350) and ~1,000 residues (GTalign chains of 850 or more: 869, 978, 1,042, 1,129):
+  ``pg.tm_align`` on the GPU (when usable; ``--gpu-pairs`` pairs, cycled), on the CPU in one process,
+  and on a process pool of ``--jobs`` processes; anchors tmtools (TM-align's code) on one core and on a
+  pool of ``--jobs`` processes. Random pairs of different chains of the bin, fixed seed. Ratios are
+  protgpu pairs/s over the anchor's.
+* **b** search: one 300-residue query (GTalign PDB20) against ``--entries`` database entries, end to
+  end (load the .pgdb, align, sort) through ``protgpu search``'s function. The entries are synthetic:
+  the corpus's chains cycled, every coordinate perturbed by Gaussian noise (0.5 A), so each is a
+  distinct chain of a real fold. The database build is timed apart.
+* **c** accuracy: ``--pairs`` SCOPe pairs (40% same superfamily, 30% same fold and another
+  superfamily, 30% another fold; seed 0) plus every HOMSTRAD and circular-permutation pair; protgpu
+  (GPU when usable, else a CPU pool) against tmtools (a pool): both TM-scores of each pair; the
+  fraction within 1e-3 and 0.01, the largest and mean difference, the mean TM-score of each side.
+* **d** fold-level sensitivity: for ``--queries`` SCOPe query domains (seed 0) every other SCOPe
+  domain ranked by TM-score normalised by the query (query = Chain_1); per query, the fraction of
+  same-fold domains ranked above the first domain of another fold (queries with no other domain of
+  their fold are left out); the mean over queries, for protgpu and for tmtools on the same pairs.
+
+    python3 benchmarks/bench_align.py [--parts a,b,c,d] [--jobs N] [--pairs P] [--queries Q]
+        [--entries N] [--gpu-pairs P] [--device auto|cpu|gpu] [--json PATH]
+
+Writes ``results/align-<device>.json`` (merging the parts already there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+from _common import HERE, RESULTS, device_tag, machine, print_table, write_results
+
+REPO = HERE.parent
+CORPUS = next((p / "shared" / "datasets" / "structures" for p in (REPO.parent, REPO.parent.parent)
+               if (p / "shared" / "datasets" / "structures").is_dir()), REPO.parent / "shared")
+SEED = 0
+
+# ---------------------------------------------------------------------------------------------------
+# corpus
+
+
+def read_labels(corpus: Path) -> list[dict]:
+    lines = (corpus / "labels.tsv").read_text().splitlines()
+    head = lines[0].split("\t")
+    return [dict(zip(head, ln.split("\t"), strict=False)) for ln in lines[1:] if ln.strip()]
+
+
+def read_chains(paths) -> list:
+    from protgpu.align.database import read_chain
+
+    return [read_chain(p) for p in paths]
+
+
+def scope_set(corpus: Path):
+    rows = [r for r in read_labels(corpus) if r["set"] == "scope40_ca"]
+    return rows, read_chains([corpus / r["path"] for r in rows])
+
+
+def pair_sets(corpus: Path):
+    """HOMSTRAD and circular-permutation pairs: the two files of each directory."""
+    rows = [r for r in read_labels(corpus) if r["set"] in ("homstrad_pairs", "cirpin_cp_pairs")]
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(os.path.dirname(r["path"]), []).append(r)
+    groups = {k: v for k, v in groups.items() if len(v) == 2}
+    paths = [corpus / r["path"] for v in groups.values() for r in v]
+    kinds = [("homstrad" if "homstrad" in k else "circular_permutation") for k in groups]
+    return read_chains(paths), kinds
+
+
+def gtalign_chains(corpus: Path):
+    return read_chains(sorted(corpus.glob("gtalign_*/*.pdb.gz")))
+
+
+# ---------------------------------------------------------------------------------------------------
+# process pools (spawn: the parent may hold a CUDA context)
+
+_CHAINS: list = []
+
+
+def _init(chains) -> None:
+    global _CHAINS
+    _CHAINS = chains
+
+
+def _tmtools_chunk(pairs):
+    import tmtools
+
+    out = []
+    for a, b in pairs:
+        x, y = _CHAINS[a], _CHAINS[b]
+        r = tmtools.tm_align(x.ca, y.ca, x.sequence, y.sequence)
+        out.append((r.tm_norm_chain1, r.tm_norm_chain2, r.rmsd))
+    return out
+
+
+def _protgpu_chunk(pairs):
+    import protgpu as pg
+
+    r = pg.tm_align(_CHAINS, _CHAINS, pairs=np.asarray(pairs, np.int64).reshape(-1, 2), device="cpu")
+    return list(zip(r.tm_mobile.tolist(), r.tm_target.tolist(), r.rmsd.tolist(), strict=True))
+
+
+def _warm(_):
+    import tmtools  # noqa: F401
+
+    import protgpu as pg  # noqa: F401 - imports (and numba's cache) before the clock starts
+
+    if len(_CHAINS) > 1:
+        _protgpu_chunk([(0, 1)])
+    return os.getpid()
+
+
+class Pool:
+    """A spawn pool of ``jobs`` processes holding ``chains``, warmed up before anything is timed."""
+
+    def __init__(self, chains, jobs: int):
+        self.jobs = jobs
+        self.pool = mp.get_context("spawn").Pool(jobs, initializer=_init, initargs=(chains,))
+        self.pool.map(_warm, range(jobs * 2), chunksize=1)
+
+    def run(self, fn, pairs, chunk: int | None = None) -> tuple[np.ndarray, float]:
+        pairs = [tuple(p) for p in np.asarray(pairs).tolist()]
+        chunk = chunk or max(1, -(-len(pairs) // (self.jobs * 8)))
+        chunks = [pairs[k:k + chunk] for k in range(0, len(pairs), chunk)]
+        t0 = time.perf_counter()
+        res = self.pool.map(fn, chunks, chunksize=1)
+        dt = time.perf_counter() - t0
+        return np.array([v for c in res for v in c], dtype=np.float64).reshape(-1, 3), dt
+
+    def close(self):
+        self.pool.terminate()
+        self.pool.join()
+
+
+def tmtools_serial(chains, pairs) -> tuple[np.ndarray, float]:
+    _init(chains)
+    t0 = time.perf_counter()
+    out = _tmtools_chunk(np.asarray(pairs).tolist())
+    return np.asarray(out).reshape(-1, 3), time.perf_counter() - t0
+
+
+def protgpu_run(chains, pairs, device: str, chunk: int = 50_000) -> tuple[np.ndarray, float]:
+    """pg.tm_align over ``pairs`` in one process (chunks of ``chunk`` pairs per call, which a GPU
+    batches); (P, 3) tm_mobile, tm_target, rmsd and seconds."""
+    import protgpu as pg
+
+    pairs = np.asarray(pairs, np.int64).reshape(-1, 2)
+    out = []
+    t0 = time.perf_counter()
+    for s in range(0, len(pairs), chunk):
+        r = pg.tm_align(chains, chains, pairs=pairs[s:s + chunk], device=device)
+        out.append(np.stack([r.tm_mobile, r.tm_target, r.rmsd], axis=1))
+    dt = time.perf_counter() - t0
+    return (np.concatenate(out) if out else np.zeros((0, 3))), dt
+
+
+def gpu_usable(device: str) -> bool:
+    if device == "cpu":
+        return False
+    try:
+        from protgpu._array import gpu_available
+
+        return bool(gpu_available())
+    except Exception:
+        return False
+
+
+def random_pairs(n: int, count: int, rng) -> np.ndarray:
+    a = rng.integers(0, n, size=count)
+    b = (a + rng.integers(1, n, size=count)) % n  # never a chain with itself
+    return np.stack([a, b], axis=1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# parts
+
+
+def part_throughput(args, gpu: bool) -> dict:
+    rng = np.random.default_rng(SEED)
+    rows_scope, scope = scope_set(args.corpus)
+    gt = gtalign_chains(args.corpus)
+    bins = {
+        100: [c for c in scope if 80 <= len(c.ca) <= 120],
+        300: [c for c in gt if 250 <= len(c.ca) <= 350],
+        1000: [c for c in gt if len(c.ca) >= 850],
+    }
+    # pairs per measurement: (serial anchors and CPU, pools) by size; the GPU gets --gpu-pairs
+    counts = {100: (16, 16 * args.jobs), 300: (6, 8 * args.jobs), 1000: (2, max(args.jobs, 4))}
+    rows = []
+    for size, chains in bins.items():
+        row = {"size": size, "chains": len(chains),
+               "lengths": f"{min(len(c.ca) for c in chains)}-{max(len(c.ca) for c in chains)}"}
+        n_serial, n_pool = counts[size]
+        serial = random_pairs(len(chains), n_serial, rng)
+        pooled = random_pairs(len(chains), n_pool, rng)
+        steps = [
+            ("tmtools_1core", lambda ch=chains, p=serial: (len(p), tmtools_serial(ch, p)[1])),
+            ("protgpu_cpu_1proc", lambda ch=chains, p=serial: (len(p), _timed_cpu(ch, p))),
+        ]
+        for name, fn in steps:
+            try:
+                n, dt = fn()
+                row[f"{name}_pairs_s"] = n / dt
+            except Exception as exc:
+                row[f"{name}_error"] = _err(exc)
+        try:
+            pool = Pool(chains, args.jobs)
+            try:
+                row[f"tmtools_pool{args.jobs}_pairs_s"] = len(pooled) / pool.run(_tmtools_chunk, pooled)[1]
+                row[f"protgpu_cpu_pool{args.jobs}_pairs_s"] = len(pooled) / pool.run(_protgpu_chunk, pooled)[1]
+            finally:
+                pool.close()
+        except Exception as exc:
+            row["pool_error"] = _err(exc)
+        if gpu:
+            try:
+                n_gpu = args.gpu_pairs if size < 1000 else max(1, args.gpu_pairs // 10)
+                gp = random_pairs(len(chains), n_gpu, rng)
+                protgpu_run(chains, gp[:min(64, len(gp))], "gpu")  # compile and warm up
+                row["gpu_pairs"] = len(gp)
+                row["protgpu_gpu_pairs_s"] = len(gp) / protgpu_run(chains, gp, "gpu")[1]
+            except Exception as exc:
+                row["protgpu_gpu_error"] = _err(exc)
+        for who in ("protgpu_gpu", "protgpu_cpu_1proc", f"protgpu_cpu_pool{args.jobs}"):
+            for anchor in ("tmtools_1core", f"tmtools_pool{args.jobs}"):
+                a, b = row.get(f"{who}_pairs_s"), row.get(f"{anchor}_pairs_s")
+                if a and b:
+                    row[f"{who}_vs_{anchor}"] = a / b
+        rows.append(row)
+        print_table([row], list(row))
+    return {"rows": rows, "jobs": args.jobs,
+            "note": "pairs/s; ratios are protgpu pairs/s over the anchor's (above 1: protgpu faster)"}
+
+
+def _timed_cpu(chains, pairs) -> float:
+    protgpu_run(chains, pairs[:1], "cpu")  # numba's compile (or cache load) before the clock
+    return protgpu_run(chains, pairs, "cpu")[1]
+
+
+def part_search(args, gpu: bool) -> dict:
+    import tempfile
+
+    from protgpu.align import database
+    from protgpu.align.database import search
+
+    rng = np.random.default_rng(SEED)
+    gt = gtalign_chains(args.corpus)
+    query = next(c for c in gt if 290 <= len(c.ca) <= 310)
+    _, scope = scope_set(args.corpus)
+    pool = scope + gt
+    n = args.entries or (100_000 if gpu else 200)
+    t0 = time.perf_counter()
+    entries = []
+    for k in range(n):
+        c = pool[k % len(pool)]
+        ca = (c.ca + rng.normal(scale=0.5, size=c.ca.shape)).astype(np.float32).astype(np.float64)
+        entries.append(c._replace(ca=ca, name=f"{c.name}#{k}"))
+    t_make = time.perf_counter() - t0
+    device = "gpu" if gpu else "cpu"
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "bench.pgdb"
+        t0 = time.perf_counter()
+        database.write(path, entries)
+        t_build = time.perf_counter() - t0
+        size = path.stat().st_size
+        del entries
+        if gpu:  # compile the kernels outside the clock
+            import protgpu as pg
+
+            pg.tm_align(query, database.load(path).chains(0, 64), device=device)
+        t0 = time.perf_counter()
+        db = database.load(path)
+        t_load = time.perf_counter() - t0
+        hits = search(query, db, top=10, device=device)
+        t_total = time.perf_counter() - t0
+    row = {"entries": n, "query": query.name, "query_length": len(query.ca), "device": device,
+           "residues": int(db.lengths.sum()), "db_bytes": size, "synthetic_s": t_make, "build_s": t_build,
+           "load_s": t_load, "search_end_to_end_s": t_total, "pairs_s": n / t_total,
+           "top_hit": hits[0]["target"] if hits else None, "top_tm_query": hits[0]["tm_query"] if hits else None}
+    print_table([row], list(row))
+    return {"rows": [row], "note": "entries are synthetic: the corpus's SCOPe and GTalign chains cycled, "
+                                   "coordinates perturbed by N(0, 0.5 A) noise; end to end = load + align + sort"}
+
+
+def accuracy_pairs(rows, n: int, rng) -> tuple[np.ndarray, list[str]]:
+    """SCOPe pairs: 40% same superfamily, 30% same fold and another superfamily, 30% another fold."""
+    fold = np.array([r["fold"] for r in rows])
+    sf = np.array([r["superfamily"] for r in rows])
+    want = {"same_superfamily": int(round(0.4 * n)), "same_fold": int(round(0.3 * n))}
+    want["different_fold"] = n - sum(want.values())
+    got: dict[str, set] = {k: set() for k in want}
+    m = len(rows)
+    tries = 0
+    while any(len(got[k]) < want[k] for k in want) and tries < 200:
+        tries += 1
+        p = random_pairs(m, 20 * n, rng)
+        same_sf = sf[p[:, 0]] == sf[p[:, 1]]
+        same_fold = fold[p[:, 0]] == fold[p[:, 1]]
+        for kind, mask in (("same_superfamily", same_sf), ("same_fold", same_fold & ~same_sf),
+                           ("different_fold", ~same_fold)):
+            for a, b in p[mask].tolist():
+                if len(got[kind]) >= want[kind]:
+                    break
+                got[kind].add((a, b))
+    pairs, kinds = [], []
+    for kind in want:
+        for ab in sorted(got[kind]):
+            pairs.append(ab)
+            kinds.append(kind)
+    return np.array(pairs, np.int64).reshape(-1, 2), kinds
+
+
+def _compare(ours: np.ndarray, ref: np.ndarray, kinds: list[str]) -> tuple[dict, list[dict]]:
+    diff = np.maximum(np.abs(ours[:, 0] - ref[:, 0]), np.abs(ours[:, 1] - ref[:, 1]))
+
+    def stats(mask):
+        d = diff[mask]
+        return {"pairs": int(mask.sum()), "within_1e-3": float((d <= 1e-3).mean()),
+                "within_0.01": float((d <= 0.01).mean()), "max_diff": float(d.max()), "mean_diff": float(d.mean()),
+                "mean_tm_protgpu": float(ours[mask, 1].mean()), "mean_tm_tmalign": float(ref[mask, 1].mean()),
+                "mean_tm_protgpu_chain1": float(ours[mask, 0].mean()),
+                "mean_tm_tmalign_chain1": float(ref[mask, 0].mean())}
+
+    kinds_a = np.array(kinds)
+    table = [{"kind": "all", **stats(np.ones(len(diff), bool))}]
+    table += [{"kind": k, **stats(kinds_a == k)} for k in dict.fromkeys(kinds)]
+    return table, diff
+
+
+def _both_sides(args, chains, pairs, gpu: bool) -> dict:
+    """(P, 3) results of protgpu (GPU when usable, else a CPU pool) and tmtools (a pool), with times."""
+    out = {}
+    pool = Pool(chains, args.jobs)
+    try:
+        out["tmtools"], out["tmtools_s"] = pool.run(_tmtools_chunk, pairs)
+        if not gpu:
+            out["protgpu"], out["protgpu_s"] = pool.run(_protgpu_chunk, pairs)
+            out["protgpu_device"] = f"cpu pool of {args.jobs}"
+    finally:
+        pool.close()
+    if gpu:
+        protgpu_run(chains, pairs[:64], "gpu")
+        out["protgpu"], out["protgpu_s"] = protgpu_run(chains, pairs, "gpu")
+        out["protgpu_device"] = "gpu"
+    return out
+
+
+def part_accuracy(args, gpu: bool) -> dict:
+    rng = np.random.default_rng(SEED)
+    rows, scope = scope_set(args.corpus)
+    pairs, kinds = accuracy_pairs(rows, args.pairs, rng)
+    extra, extra_kinds = pair_sets(args.corpus)
+    chains = scope + extra
+    off = len(scope)
+    pairs = np.concatenate([pairs, np.arange(off, off + len(extra)).reshape(-1, 2)])
+    kinds = kinds + extra_kinds
+    res = _both_sides(args, chains, pairs, gpu)
+    table, diff = _compare(res["protgpu"], res["tmtools"], kinds)
+    worst = [{"mobile": chains[a].name, "target": chains[b].name, "kind": kinds[k], "diff": float(diff[k]),
+              "protgpu": res["protgpu"][k, :2].tolist(), "tmalign": res["tmtools"][k, :2].tolist()}
+             for k in np.argsort(-diff)[:10].tolist() for a, b in [pairs[k].tolist()]]
+    print_table(table, list(table[0]))
+    return {"rows": table, "worst": worst, "seed": SEED, "protgpu_device": res["protgpu_device"],
+            "protgpu_s": res["protgpu_s"], "tmtools_s": res["tmtools_s"], "jobs": args.jobs,
+            "note": "diff = the larger of the two normalisations' |protgpu - tmtools| per pair; mean_tm: "
+                    "normalised by Chain_2 (and _chain1 by Chain_1)"}
+
+
+def sensitivity(scores: np.ndarray, queries: np.ndarray, fold: np.ndarray) -> tuple[float, int]:
+    """Mean over queries of the fraction of same-fold domains scored above the first other-fold one
+    (a tie with it counts as below); ``scores`` (Q, M) with the query's own column -inf."""
+    vals = []
+    for qi, q in enumerate(queries.tolist()):
+        s = scores[qi]
+        same = fold == fold[q]
+        same[q] = False
+        if not same.any():
+            continue
+        other = fold != fold[q]
+        first_fp = s[other].max() if other.any() else -np.inf
+        vals.append(float((s[same] > first_fp).sum() / same.sum()))
+    return (float(np.mean(vals)) if vals else float("nan")), len(vals)
+
+
+def part_sensitivity(args, gpu: bool) -> dict:
+    rng = np.random.default_rng(SEED)
+    rows, scope = scope_set(args.corpus)
+    fold = np.array([r["fold"] for r in rows])
+    m = len(scope)
+    queries = np.sort(rng.choice(m, size=min(args.queries, m), replace=False))
+    pairs = np.array([(q, t) for q in queries.tolist() for t in range(m) if t != q], np.int64)
+    res = _both_sides(args, scope, pairs, gpu)
+    out = {"queries": len(queries), "domains": m, "pairs": len(pairs), "protgpu_device": res["protgpu_device"],
+           "protgpu_s": res["protgpu_s"], "tmtools_s": res["tmtools_s"], "seed": SEED}
+    for who in ("protgpu", "tmtools"):
+        s = np.full((len(queries), m), -np.inf)
+        s[np.searchsorted(queries, pairs[:, 0]), pairs[:, 1]] = res[who][:, 0]  # normalised by the query
+        out[f"sensitivity_{who}"], out["queries_scored"] = sensitivity(s, queries, fold)
+    print_table([out], list(out))
+    return {"rows": [out], "note": "fold-level: same-fold domains ranked above the first other-fold domain, "
+                                   "TM-score normalised by the query (Chain_1), mean over queries"}
+
+
+PARTS = {"a": ("throughput", part_throughput), "b": ("search", part_search),
+         "c": ("accuracy", part_accuracy), "d": ("sensitivity", part_sensitivity)}
+
+
+def _err(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--parts", default="a,b,c,d", help="comma-separated parts to run: a,b,c,d")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes of the CPU pools")
+    ap.add_argument("--pairs", type=int, default=10_000, help="SCOPe pairs of the accuracy table (part c)")
+    ap.add_argument("--queries", type=int, default=200, help="SCOPe query domains of part d")
+    ap.add_argument("--entries", type=int, default=None,
+                    help="database entries of part b (default 100,000 on the GPU, 200 on the CPU)")
+    ap.add_argument("--gpu-pairs", type=int, default=10_000,
+                    help="pairs per size on the GPU (part a; a tenth of them at 1,000 residues)")
+    ap.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    ap.add_argument("--corpus", type=Path, default=CORPUS)
+    ap.add_argument("--json", default=None, help="results file (default results/align-<device>.json)")
+    args = ap.parse_args(argv)
+    gpu = gpu_usable(args.device)
+    info = machine()
+    path = Path(args.json) if args.json else RESULTS / f"align-{device_tag(info)}.json"
+    parts = {}
+    if path.exists():  # keep the parts of earlier runs
+        try:
+            parts = json.loads(path.read_text()).get("parts", {})
+        except (OSError, ValueError):
+            parts = {}
+    failed = False
+    for key in [p.strip() for p in args.parts.split(",") if p.strip()]:
+        if key not in PARTS:
+            print(f"unknown part {key!r}; parts are {', '.join(PARTS)}")
+            failed = True
+            continue
+        name, fn = PARTS[key]
+        print(f"\n## part {key}: {name}")
+        t0 = time.perf_counter()
+        try:
+            result = fn(args, gpu)
+        except Exception as exc:  # one part's failure is reported, not the end of the run
+            traceback.print_exc()
+            result = {"error": _err(exc)}
+            failed = True
+        result["wall_s"] = time.perf_counter() - t0
+        result["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        result["machine"] = info
+        parts[name] = result
+        print(f"wrote {write_results('align', [], {'parts': parts}, path=str(path))} ({result['wall_s']:.1f} s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
