@@ -8,6 +8,8 @@ import struct
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from protgpu.align import database
 from protgpu.align._dp import secondary_structure
@@ -115,3 +117,26 @@ def test_array_traces_round_trip(tmp_path):
     db = database.load(database.write(tmp_path / "a.pgdb", cs))
     assert db.names == ["c5", "c9"] and [len(c.ca) for c in db.chains()] == [5, 9]
     np.testing.assert_array_equal(db.chains()[1].ca, cs[1].ca)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths=st.lists(st.integers(5, 40), min_size=1, max_size=6),
+       names=st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=12), min_size=6, max_size=6),
+       seed=st.integers(0, 2**16))
+def test_round_trip_any_chains(tmp_path, lengths, names, seed):
+    rng = np.random.default_rng(seed)
+    cs = [Chain((rng.normal(size=(n, 3)) * 50).astype(np.float32).astype(np.float64),
+                "".join(rng.choice(list("ACDEFGHIKLMNPQRSTVWYX"), size=n)), names[k], int(rng.integers(0, 3)))
+          for k, n in enumerate(lengths)]
+    db = database.load(database.write(tmp_path / "h.pgdb", cs))
+    assert db.names == [c.name for c in cs]
+    for a, b in zip(db.chains(), cs, strict=True):
+        np.testing.assert_array_equal(a.ca, b.ca)
+        assert (a.sequence, a.n_skipped) == (b.sequence, b.n_skipped)
+
+
+def test_search_refuses_bad_top_and_min_tm(tmp_path, chains):
+    db = database.load(database.write(tmp_path / "s.pgdb", chains[:2]))
+    for kwargs, words in (({"top": 0}, "top must be a positive integer"), ({"min_tm": 1.5}, "min_tm must be")):
+        with pytest.raises(InputError, match=words):
+            database.search(chains[0], db, device="cpu", **kwargs)
