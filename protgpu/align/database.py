@@ -142,14 +142,15 @@ def search(query, db, *, top=None, min_tm=0.0, device="auto", chunk=CHUNK) -> li
 
 def read_chain(path, chain: str | None = None) -> Chain:
     """One file's chain as TM-align reads it (the first protein chain, or ``chain``; the first
-    model), named ``file:chain_id``, through the front door (:func:`protgpu.align.chains.one_chain`)."""
+    model), named ``file:chain_id``, through the front door (:func:`protgpu.align.chains.one_chain`,
+    which also warns of the chains it skips)."""
     s = as_structure(str(path), str(path))
-    name = source_name(s, str(path))
+    c = one_chain(s, str(path), chain)
     if chain is None:
         ca = s.select_indices("ca")
-        if len(ca):  # the first chain with a CA atom is the one TM-align (and one_chain) picks
-            chain = str(s.atoms.chain[ca[0]])
-    c = one_chain(s, str(path), chain)
+        # the chain of the first CA atom: the first chain with one, which one_chain picked
+        chain = str(s.atoms.chain[ca[0]]) if len(ca) else None
+    name = source_name(s, str(path))
     return c._replace(name=f"{name}:{chain}" if chain is not None else name)
 
 

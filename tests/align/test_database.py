@@ -140,3 +140,15 @@ def test_search_refuses_bad_top_and_min_tm(tmp_path, chains):
     for kwargs, words in (({"top": 0}, "top must be a positive integer"), ({"min_tm": 1.5}, "min_tm must be")):
         with pytest.raises(InputError, match=words):
             database.search(chains[0], db, device="cpu", **kwargs)
+
+
+def test_read_chain_skips_a_ligand_chain_with_a_warning(tmp_path):
+    t = np.linspace(0, 4 * np.pi, 12)
+    lines = ["HETATM    1  C1  LIG X   1       0.000   0.000   0.000  1.00  0.00           C"]
+    lines += [f"ATOM  {i + 2:5d}  CA  ALA B{i + 1:4d}    {2.3 * np.cos(t[i]):8.3f}{2.3 * np.sin(t[i]):8.3f}"
+              f"{1.5 * t[i]:8.3f}  1.00  0.00           C" for i in range(12)]
+    path = tmp_path / "lig.pdb"
+    path.write_text("\n".join(lines) + "\nEND\n")
+    with pytest.warns(UserWarning, match="chain 'X' skipped"):
+        c = database.read_chain(path)
+    assert c.name == "lig.pdb:B" and len(c.ca) == 12
