@@ -29,8 +29,10 @@ the results file keeps the parts of earlier runs, so the parts can be run in sep
 
     python3 benchmarks/bench_align.py [--parts a,b,c,d] [--jobs N] [--pairs P] [--queries Q]
         [--entries N] [--gpu-pairs P] [--device auto|cpu|gpu] [--json PATH]
+    python3 benchmarks/bench_align.py --merge part1.json part2.json ... [--json PATH]
 
-Writes ``results/align-<device>.json`` (merging the parts already there).
+Writes ``results/align-<device>.json`` (merging the parts already there; ``--merge`` joins the parts of
+files written by separate runs, each part keeping its own machine and arguments).
 """
 
 from __future__ import annotations
@@ -450,7 +452,19 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--json", default=None, help="results file (default results/align-<device>.json)")
+    ap.add_argument("--merge", nargs="+", metavar="FILE", default=None,
+                    help="run nothing: merge the parts of these results files (later files win) into --json")
     args = ap.parse_args(argv)
+    if args.merge:
+        merged, info = {}, None
+        for f in args.merge:
+            data = json.loads(Path(f).read_text())
+            merged.update(data.get("parts", {}))
+            info = data.get("machine", info)
+        out = Path(args.json) if args.json else RESULTS / f"align-{device_tag(info or machine())}.json"
+        extra = {"parts": merged, **({"machine": info} if info else {})}  # the runs' machine, not this one
+        print(f"wrote {write_results('align', [], extra, path=str(out))}: parts {', '.join(merged)}")
+        return 0
     gpu = gpu_usable(args.device)
     info = machine()
     path = Path(args.json) if args.json else RESULTS / f"align-{device_tag(info)}.json"
