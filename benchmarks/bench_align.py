@@ -435,8 +435,44 @@ PARTS = {"a": ("throughput", part_throughput), "b": ("search", part_search),
          "c": ("accuracy", part_accuracy), "d": ("sensitivity", part_sensitivity)}
 
 
+TABLES = {"throughput": "rows", "search": "search", "accuracy": "accuracy", "sensitivity": "sensitivity"}
+
+
+def to_payload(parts: dict) -> dict:
+    """The results file's content: one table per part (``rows`` = throughput, ``search``,
+    ``accuracy`` and ``accuracy_worst``, ``sensitivity``) and ``runs``, one row per part run (its
+    time, devices, note, arguments, error)."""
+    out: dict = {}
+    runs = []
+    for name, part in parts.items():
+        out[TABLES[name]] = part.get("rows", [])
+        if part.get("worst"):
+            out[f"{name}_worst"] = part["worst"]
+        runs.append({"part": name, **{k: v for k, v in part.items() if k not in ("rows", "worst", "machine")}})
+    out["runs"] = runs
+    return out
+
+
+def from_payload(data: dict) -> dict:
+    """The parts of a results file written by :func:`to_payload`."""
+    parts = {}
+    for run in data.get("runs", []):
+        name = run["part"]
+        part = {k: v for k, v in run.items() if k != "part"}
+        part["rows"] = data.get(TABLES.get(name, name), [])
+        if data.get(f"{name}_worst"):
+            part["worst"] = data[f"{name}_worst"]
+        parts[name] = part
+    return parts
+
+
 def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def _write(path: Path, parts: dict, info: dict | None) -> None:
+    # ``machine`` given explicitly: merged files keep the machine of the runs, not this one's
+    write_results("align", [], {**to_payload(parts), **({"machine": info} if info else {})}, path=str(path))
 
 
 def main(argv=None) -> int:
@@ -459,11 +495,11 @@ def main(argv=None) -> int:
         merged, info = {}, None
         for f in args.merge:
             data = json.loads(Path(f).read_text())
-            merged.update(data.get("parts", {}))
+            merged.update(from_payload(data))
             info = data.get("machine", info)
         out = Path(args.json) if args.json else RESULTS / f"align-{device_tag(info or machine())}.json"
-        extra = {"parts": merged, **({"machine": info} if info else {})}  # the runs' machine, not this one
-        print(f"wrote {write_results('align', [], extra, path=str(out))}: parts {', '.join(merged)}")
+        _write(out, merged, info)
+        print(f"wrote {out}: parts {', '.join(merged)}")
         return 0
     gpu = gpu_usable(args.device)
     info = machine()
@@ -471,8 +507,8 @@ def main(argv=None) -> int:
     parts = {}
     if path.exists():  # keep the parts of earlier runs
         try:
-            parts = json.loads(path.read_text()).get("parts", {})
-        except (OSError, ValueError):
+            parts = from_payload(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError):
             parts = {}
     failed = False
     for key in [p.strip() for p in args.parts.split(",") if p.strip()]:
@@ -490,10 +526,11 @@ def main(argv=None) -> int:
             result = {"error": _err(exc)}
             failed = True
         result["wall_s"] = time.perf_counter() - t0
-        result["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        result["machine"] = info
+        result["args"] = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+                                  if v is not None and k not in ("merge", "json"))
         parts[name] = result
-        print(f"wrote {write_results('align', [], {'parts': parts}, path=str(path))} ({result['wall_s']:.1f} s)")
+        _write(path, parts, info)
+        print(f"wrote {path} ({result['wall_s']:.1f} s)")
     return 1 if failed else 0
 
 
