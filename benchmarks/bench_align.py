@@ -471,7 +471,9 @@ def _err(exc: BaseException) -> str:
 
 
 def _write(path: Path, parts: dict, info: dict | None) -> None:
-    # ``machine`` given explicitly: merged files keep the machine of the runs, not this one's
+    # ``machine`` given explicitly: merged files keep the machine of the runs, not this one's; no
+    # ``gpu: null`` on a CPU-only machine (readers of the results format the value as text)
+    info = {k: v for k, v in info.items() if not (k == "gpu" and v is None)} if info else None
     write_results("align", [], {**to_payload(parts), **({"machine": info} if info else {})}, path=str(path))
 
 

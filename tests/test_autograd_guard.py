@@ -45,6 +45,7 @@ REFUSED = {
     "contacts": lambda x, ref: pg.contacts(ref, coords=x, scheme="ca", cutoff=8.0, device="cpu"),
     "native_contacts": lambda x, ref: pg.native_contacts(ref, ref, coords=x, selection="ca", cutoff=8.0, device="cpu"),
     "tm_align": lambda x, ref: pg.tm_align(x, ref, device="cpu"),
+    "tm_align_matrix": lambda x, ref: pg.tm_align_matrix(x, device="cpu"),
     "cluster": lambda x, ref: pg.cluster(x, cutoff=2.0, device="cpu"),
     "map_chains": lambda x, ref: pg.map_chains(x, ref),
     "score_complex": lambda x, ref: pg.score_complex(x, ref, metrics=("bb_lddt", "rmsd")),
