@@ -131,6 +131,15 @@ def align(seq_a: str, seq_b: str) -> tuple[np.ndarray, np.ndarray, float]:
     return ia.astype(np.int64), ib.astype(np.int64), 100.0 * float(same.mean())
 
 
+#: A model chain maps only with this many aligned residues (or half the shorter chain, for peptides).
+MIN_ALIGNED = 10
+
+
+def _enough(aligned: np.ndarray, seq_a: str, seq_b: str) -> bool:
+    """Whether an alignment has enough aligned columns for its identity to mean anything."""
+    return len(aligned) >= min(MIN_ALIGNED, -(-min(len(seq_a), len(seq_b)) // 2))
+
+
 def _groups(seqs: dict) -> list[list[str]]:
     """Reference chains grouped by sequence identity >= GROUP_IDENTITY (first chain of a group is its
     representative)."""
@@ -254,14 +263,17 @@ def _map(mdl_s: Structure, ref_s: Structure, *, min_identity, chain_mapping, max
         # each model chain joins the group whose representative it resembles most
         members: dict = {i: [] for i in range(len(groups))}
         for mc in mch:
-            ids = [aln(g[0], mc)[2] for g in groups]
+            # identity over aligned columns counts only with enough of them: semi-global alignment
+            # of unrelated chains can align a handful of residues at 40 %
+            ids = [aln(g[0], mc)[2] if _enough(aln(g[0], mc)[0], mseq[mc], rseq[g[0]]) else 0.0
+                   for g in groups]
             best = int(np.argmax(ids))
             if ids[best] >= min_identity and ids[best] > 0:
                 members[best].append(mc)
         if not any(members.values()):
             raise InputError(f"{msrc}: no model chain maps to the reference {rsrc} (model chains "
                              f"{list(mch)}, reference chains {list(rch)}; sequence identity below "
-                             f"{min_identity:g}%)")
+                             f"{min_identity:g}% or fewer than {MIN_ALIGNED} aligned residues)")
         pairs, score = _assign(groups, members, mch, rch, aln, mdl_s, ref_s, max_naive)
     else:
         raise InputError(f"chain_mapping must be 'auto' or a dict {{reference chain: model chain}}, "
