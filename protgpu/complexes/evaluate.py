@@ -17,8 +17,8 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["CONFIDENCE_COLUMNS", "SANITY_COLUMNS", "confidence_columns", "confidence_file", "sanity_columns",
-           "score_column_names", "score_columns"]
+# the helpers of protgpu evaluate's job, importable by name; the public API is pg.score_complex & co.
+__all__: list[str] = []
 
 #: Confidence columns, NaN (empty) where the files do not have them. The interface values are the best
 #: chain pair's (for two chains, the pair's): ipSAE the larger direction (Dunbrack 2025), pDockQ (Bryant

@@ -200,11 +200,11 @@ def _fit_rmsd(mx, rx, fit_m, fit_r, meas_m=None, meas_r=None, device: str = "cpu
     if len(fit_m) < 3 or (meas_m is not None and not len(meas_m)):
         return np.zeros(m)  # OpenStructure's and DockQ's convention: too few atoms to superpose
     if meas_m is None:
-        return np.asarray(superpose(mx[:, fit_m], rx[fit_r], device=device).rmsd, np.float64)
+        return _host(superpose(mx[:, fit_m], rx[fit_r], device=device).rmsd)
     n = len(fit_m)
     both_m, both_r = np.concatenate([fit_m, meas_m]), np.concatenate([fit_r, meas_r])
     res = superpose(mx[:, both_m], rx[both_r], fit=np.arange(n), atoms=np.arange(n, len(both_m)), device=device)
-    return np.asarray(res.rmsd, np.float64)
+    return _host(res.rmsd)
 
 
 def _dockq_group(mdl_s, xs: np.ndarray, ref_s, mapping: ChainMapping, r1: str, r2: str,
@@ -367,6 +367,13 @@ def _topology_key(s, cm: ChainMapping) -> tuple:
     return (s.n_atoms, h.hexdigest(), tuple(sorted(cm.chains.items())))
 
 
+def _host(v) -> np.ndarray:
+    """A result of a scorer (a float, a NumPy or CuPy array) as a float64 host array of shape (M,)."""
+    from .._array import to_numpy
+
+    return np.atleast_1d(np.asarray(to_numpy(v) if not np.isscalar(v) else v, np.float64))
+
+
 def score_mapped(structures: list, mappings: list, ref: ComplexReference, device: str = "cpu") -> dict:
     """The scores of cleaned, mapped model frames (see :func:`score_complex` for the columns).
 
@@ -396,16 +403,16 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
         stack = first if len(idx) == 1 else Structure(xs, first.atoms, source=first.source)
         rp = cm.residue_pairs()
         if "lddt" in metrics:
-            table["lddt"][idx] = np.atleast_1d(lddt(stack, ref_s, mapping=rp, device=device))
+            table["lddt"][idx] = _host(lddt(stack, ref_s, mapping=rp, device=device))
         if "bb_lddt" in metrics:
-            table["bb_lddt"][idx] = np.atleast_1d(lddt(stack, ref_s, atoms="ca", mapping=rp, device=device))
+            table["bb_lddt"][idx] = _host(lddt(stack, ref_s, atoms="ca", mapping=rp, device=device))
         if "ilddt" in metrics:
             table["ilddt"][idx] = interface_lddt(stack, ref_s, rp, device=device)
         if want_tm:
             t = tm_score(stack, ref_s, mapping=rp, device=device)
             for col, v in (("tm_score", t.tm), ("gdtts", t.gdt_ts), ("gdtha", t.gdt_ha), ("rmsd", t.rmsd)):
                 if col in metrics:
-                    table[col][idx] = np.atleast_1d(np.asarray(v, np.float64))
+                    table[col][idx] = _host(v)
         if ref.qs is not None:
             minfo = mp.residue_info(first)
             chains = protein_chains(minfo)
