@@ -119,7 +119,7 @@ def test_evaluate_unmappable_design(tmp_path, eud, datasets, capsys):
     assert not out.exists()
     out2 = tmp_path / "k.csv"
     assert _cli([eud[0], bad, "--ref", eud[1], "--out", out2, "-q", "-k", "--jobs", "1"]) == 1
-    assert [r["model"] for r in _rows(out2)] == ["openstructure/1eud_mdl_partial-dimer.pdb"]  # relative to the common folder
+    assert [r["model"] for r in _rows(out2)] == ["openstructure/1eud_mdl_partial-dimer.pdb"]
     errors = (tmp_path / "k.csv.errors.tsv").read_text()
     assert "adk_open.pdb" in errors and "no model chain maps" in errors
 
