@@ -22,6 +22,7 @@ Identity is identical columns over aligned columns, in percent as OpenStructure 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -115,9 +116,11 @@ def protein_chains(info: mp.ResidueInfo) -> dict:
     return out
 
 
+@functools.lru_cache(maxsize=256)
 def align(seq_a: str, seq_b: str) -> tuple[np.ndarray, np.ndarray, float]:
     """Semi-globally align two sequences: aligned positions of each and the identity (percent of
-    aligned columns; 0 with none)."""
+    aligned columns; 0 with none). Cached: the many models of one design share their sequences (the
+    arrays returned are read-only)."""
     aln = mp.aligner(free_end_gaps=True).align(seq_a, seq_b)[0]
     ia, ib = [], []
     for (a0, a1), (b0, b1) in zip(*aln.aligned, strict=True):
@@ -128,7 +131,9 @@ def align(seq_a: str, seq_b: str) -> tuple[np.ndarray, np.ndarray, float]:
     if not len(ia):
         return ia, ib, 0.0
     same = np.frombuffer(seq_a.encode(), "S1")[ia] == np.frombuffer(seq_b.encode(), "S1")[ib]
-    return ia.astype(np.int64), ib.astype(np.int64), 100.0 * float(same.mean())
+    ia, ib = ia.astype(np.int64), ib.astype(np.int64)
+    ia.flags.writeable = ib.flags.writeable = False
+    return ia, ib, 100.0 * float(same.mean())
 
 
 #: A model chain maps only with this many aligned residues (or half the shorter chain, for peptides).

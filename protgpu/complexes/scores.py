@@ -207,62 +207,77 @@ def _fit_rmsd(mx, rx, fit_m, fit_r, meas_m=None, meas_r=None, device: str = "cpu
     return _host(res.rmsd)
 
 
-def _dockq_group(mdl_s, xs: np.ndarray, ref_s, mapping: ChainMapping, r1: str, r2: str,
-                 device: str = "cpu") -> dict:
-    """DockQ of the reference interface (r1, r2) and its parts for models of one atom table and one
-    mapping: ``mdl_s`` the atom table's Structure, ``xs`` the models' coordinates (M, N, 3). Each value
-    is an array of shape (M,).
+class _NativeInterface:
+    """What DockQ needs of one reference interface (r1, r2), computed once per reference: the native
+    residue contacts and the interface residues of iRMSD."""
 
-    Contacts: residue pairs with heavy atoms within 5 A, model residues counted through the mapping;
+    def __init__(self, ref_s, r1: str, r2: str):
+        rinfo = mp.residue_info(ref_s)
+        rch = protein_chains(rinfo)
+        rx = np.asarray(ref_s.coords[0], np.float64)
+        ra1, ra2 = heavy_atoms(ref_s, rinfo, rch[r1]), heavy_atoms(ref_s, rinfo, rch[r2])
+        self.native = _contacts(rx, ra1, ra2, rinfo.atom_residue, DOCKQ_CONTACT)
+        self.interface = sorted(_near(rx, ra1, ra2, rinfo.atom_residue, DOCKQ_INTERFACE)
+                                | _near(rx, ra2, ra1, rinfo.atom_residue, DOCKQ_INTERFACE))
+        self.r1_larger = len(rch[r1]) > len(rch[r2])  # the receptor of LRMSD: the larger chain
+        self.n_ref_residues = len(rinfo.resid)
+
+
+def _dockq_contacts(mdl_s, x, nat: _NativeInterface, mapping: ChainMapping, r1: str, r2: str) -> dict:
+    """fnat, fnonnat, nnat and nmdl of one model (coordinates ``x``, (N, 3)) at the reference interface
+    (r1, r2): residue pairs with heavy atoms within 5 A, the model's residues read through the mapping."""
+    minfo = mp.residue_info(mdl_s)
+    mch = protein_chains(minfo)
+    p1, p2 = mapping.residues[r1], mapping.residues[r2]
+    # model residue -> reference residue; unmapped model residues get keys no reference residue has
+    to_ref = np.arange(len(minfo.resid), dtype=np.int64) + nat.n_ref_residues
+    to_ref[p1[:, 0]], to_ref[p2[:, 0]] = p1[:, 1], p2[:, 1]
+    ma1 = heavy_atoms(mdl_s, minfo, mch[mapping.chains[r1]])
+    ma2 = heavy_atoms(mdl_s, minfo, mch[mapping.chains[r2]])
+    mdl = {(int(to_ref[a]), int(to_ref[b]))
+           for a, b in _contacts(np.asarray(x, np.float64), ma1, ma2, minfo.atom_residue, DOCKQ_CONTACT)}
+    nnat = len(nat.native)
+    return {"fnat": len(nat.native & mdl) / nnat if nnat else 0.0,
+            "fnonnat": len(mdl - nat.native) / len(mdl) if mdl else 0.0,
+            "nnat": float(nnat), "nmdl": float(len(mdl))}
+
+
+def _dockq_rmsds(mdl_s, xs: np.ndarray, ref_s, nat: _NativeInterface, mapping: ChainMapping, r1: str, r2: str,
+                 device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+    """iRMSD and LRMSD (M,) of models of one atom table and mapping (``xs`` (M, N, 3)): one batched
+    :func:`protgpu.superpose` call each.
+
     iRMSD: backbone (N, CA, C, O) RMSD of the reference's interface residues (any heavy atom within 10 A
     of the partner chain) that are mapped, after superposing them; LRMSD: backbone RMSD of the ligand
-    (the reference chain with fewer residues) after superposing the receptor; DockQ = (fnat +
-    1/(1+(iRMSD/1.5)^2) + 1/(1+(LRMSD/8.5)^2)) / 3. The contacts are counted per model (k-d trees on the
-    CPU); the two superpositions are one batched :func:`protgpu.superpose` call each (on ``device``).
+    (the reference chain with fewer residues) after superposing the receptor.
     """
     minfo, rinfo = mp.residue_info(mdl_s), mp.residue_info(ref_s)
-    rch, mch = protein_chains(rinfo), protein_chains(minfo)
-    m1, m2 = mapping.chains[r1], mapping.chains[r2]
     rx = np.asarray(ref_s.coords[0], np.float64)
     xs = np.asarray(xs, np.float64)
     p1, p2 = mapping.residues[r1], mapping.residues[r2]
-    # model residue -> reference residue; unmapped model residues get keys no reference residue has
-    to_ref = np.arange(len(minfo.resid), dtype=np.int64) + len(rinfo.resid)
-    to_ref[p1[:, 0]], to_ref[p2[:, 0]] = p1[:, 1], p2[:, 1]
-    ra1, ra2 = heavy_atoms(ref_s, rinfo, rch[r1]), heavy_atoms(ref_s, rinfo, rch[r2])
-    ma1, ma2 = heavy_atoms(mdl_s, minfo, mch[m1]), heavy_atoms(mdl_s, minfo, mch[m2])
-    nat = _contacts(rx, ra1, ra2, rinfo.atom_residue, DOCKQ_CONTACT)
-    nnat = len(nat)
-    n = xs.shape[0]
-    fnat, fnonnat, nmdl = np.zeros(n), np.zeros(n), np.zeros(n)
-    for k in range(n):
-        mdl = {(int(to_ref[a]), int(to_ref[b]))
-               for a, b in _contacts(xs[k], ma1, ma2, minfo.atom_residue, DOCKQ_CONTACT)}
-        nmdl[k] = len(mdl)
-        fnat[k] = len(nat & mdl) / nnat if nnat else 0.0
-        fnonnat[k] = len(mdl - nat) / len(mdl) if mdl else 0.0
-    # iRMSD on the reference's interface residues that are mapped
-    iface = _near(rx, ra1, ra2, rinfo.atom_residue, DOCKQ_INTERFACE) | \
-        _near(rx, ra2, ra1, rinfo.atom_residue, DOCKQ_INTERFACE)
     both = np.concatenate([p1, p2])
-    sel = both[np.isin(both[:, 1], sorted(iface))]
+    sel = both[np.isin(both[:, 1], nat.interface)]
     fm, fr = _bb_pairs(minfo, rinfo, sel[:, 0], sel[:, 1])
     irmsd = _fit_rmsd(xs, rx, fm, fr, device=device)
-    # LRMSD: superpose the receptor (the larger reference chain), measure the ligand
-    rec, lig = (p1, p2) if len(rch[r1]) > len(rch[r2]) else (p2, p1)
+    rec, lig = (p1, p2) if nat.r1_larger else (p2, p1)
     fm, fr = _bb_pairs(minfo, rinfo, rec[:, 0], rec[:, 1])
     lm, lr = _bb_pairs(minfo, rinfo, lig[:, 0], lig[:, 1])
-    lrmsd = _fit_rmsd(xs, rx, fm, fr, lm, lr, device=device)
-    score = (fnat + 1.0 / (1.0 + (irmsd / 1.5) ** 2) + 1.0 / (1.0 + (lrmsd / 8.5) ** 2)) / 3.0
-    return {"dockq": score, "fnat": fnat, "fnonnat": fnonnat, "irmsd": irmsd, "lrmsd": lrmsd,
-            "nnat": np.full(n, float(nnat)), "nmdl": nmdl}
+    return irmsd, _fit_rmsd(xs, rx, fm, fr, lm, lr, device=device)
+
+
+def dockq_formula(fnat, irmsd, lrmsd):
+    """DockQ = (fnat + 1/(1+(iRMSD/1.5)^2) + 1/(1+(LRMSD/8.5)^2)) / 3 (Basu & Wallner 2016)."""
+    return (fnat + 1.0 / (1.0 + (irmsd / 1.5) ** 2) + 1.0 / (1.0 + (lrmsd / 8.5) ** 2)) / 3.0
 
 
 def dockq(mdl_s, ref_s, mapping: ChainMapping, r1: str, r2: str) -> dict:
-    """DockQ of the reference interface (r1, r2) of one model (its first frame) and its parts: floats
-    (see :func:`_dockq_group`)."""
-    d = _dockq_group(mdl_s, np.asarray(mdl_s.coords[:1]), ref_s, mapping, r1, r2)
-    return {k: (int(v[0]) if k in ("nnat", "nmdl") else float(v[0])) for k, v in d.items()}
+    """DockQ of the reference interface (r1, r2) of one model (its first frame) and its parts: floats."""
+    nat = _NativeInterface(ref_s, r1, r2)
+    d = _dockq_contacts(mdl_s, mdl_s.coords[0], nat, mapping, r1, r2)
+    i, lr = _dockq_rmsds(mdl_s, mdl_s.coords[:1], ref_s, nat, mapping, r1, r2)
+    d.update(irmsd=float(i[0]), lrmsd=float(lr[0]), dockq=float(dockq_formula(d["fnat"], i[0], lr[0])))
+    d["nnat"], d["nmdl"] = int(d["nnat"]), int(d["nmdl"])
+    return d
 
 
 def native_interfaces(ref_s) -> list[tuple[str, str]]:
@@ -284,7 +299,7 @@ def interface_lddt(model, ref_s, pairs: np.ndarray, device: str = "cpu") -> np.n
     """lDDT (M,) over the reference's inter-chain atom pairs only (OpenStructure's ``no_intrachain``),
     of every frame of ``model``: lDDT's NumPy twin on the CPU, its CUDA kernel on the GPU (one launch)."""
     from .._array import dispatch, to_numpy
-    from ..scoring import _batch
+    from ..scoring import _batch, _fast
     from ..scoring.lddt import _prepare, lddt_counts_cuda
 
     be = dispatch(model, ref_s, device=device)
@@ -299,6 +314,8 @@ def interface_lddt(model, ref_s, pairs: np.ndarray, device: str = "cpu") -> np.n
     sub = replace(ref, pairs=p, dref=ref.dref[inter], n_exp=n_exp.astype(np.int64), _device={})
     if be.on_gpu:
         counts = lddt_counts_cuda(batch.coords, sub)
+    elif _fast.enabled():  # the compiled twin (integer counts: the same as the NumPy twin's)
+        counts = _fast.lddt_counts(np.asarray(batch.coords, np.float64), sub)
     else:
         counts = lddt_counts_numpy(np.asarray(batch.coords, np.float64), sub)
     glob, _ = lddt_scores(counts, sub, 4, be.xp)
@@ -340,6 +357,7 @@ class ComplexReference:
         self.raw = reference_structure(reference)
         self.structure = clean(self.raw)
         self.interfaces = native_interfaces(self.structure) if "dockq" in self.metrics else []
+        self.native = {(a, b): _NativeInterface(self.structure, a, b) for a, b in self.interfaces}
         rinfo = mp.residue_info(self.structure)
         want_qs = "qs_global" in self.metrics or "qs_best" in self.metrics
         self.qs = _QSChains(self.structure, rinfo, protein_chains(rinfo)) if want_qs else None
@@ -374,24 +392,51 @@ def _host(v) -> np.ndarray:
     return np.atleast_1d(np.asarray(to_numpy(v) if not np.isscalar(v) else v, np.float64))
 
 
-def score_mapped(structures: list, mappings: list, ref: ComplexReference, device: str = "cpu") -> dict:
+def host_scores(structure, mapping: ChainMapping, ref: ComplexReference) -> dict:
+    """The per-model parts of the scores, counted on the CPU (a parse worker can do them): QS_global and
+    QS_best, and per reference interface (I,) fnat, fnonnat, nnat and nmdl (NaN where not mapped)."""
+    out: dict = {}
+    if ref.qs is not None:
+        minfo = mp.residue_info(structure)
+        out["qs_global"], out["qs_best"] = qs_score(ref.qs, _QSChains(structure, minfo, protein_chains(minfo)),
+                                                    mapping)
+    if "dockq" in ref.metrics:
+        parts = {p: np.full(len(ref.interfaces), np.nan) for p in ("fnat", "fnonnat", "nnat", "nmdl")}
+        for i, (a, b) in enumerate(ref.interfaces):
+            if a in mapping.chains and b in mapping.chains:
+                d = _dockq_contacts(structure, structure.coords[0], ref.native[a, b], mapping, a, b)
+                for p, v in d.items():
+                    parts[p][i] = v
+        out.update(parts)
+    return out
+
+
+def score_mapped(structures: list, mappings: list, ref: ComplexReference, device: str = "cpu",
+                 host: list | None = None) -> dict:
     """The scores of cleaned, mapped model frames (see :func:`score_complex` for the columns).
 
     Models of one atom table and one mapping (the many models of one design, a trajectory) are stacked
     and scored together: one :func:`protgpu.lddt` call per lDDT flavour, one :func:`protgpu.tm_score`,
     one interface-lDDT launch and one batched superposition per DockQ RMSD; on the GPU when ``device``
-    says so. QS-score and the DockQ contacts are counted per model on the CPU.
+    says so. QS-score and the DockQ contacts are counted per model on the CPU (:func:`host_scores`;
+    ``host`` holds them when a caller counted them already, one dict per model).
     """
     from ..structure.core import Structure
 
     metrics = ref.metrics
     m = len(structures)
+    host = host if host is not None else [host_scores(s, cm, ref) for s, cm in zip(structures, mappings, strict=True)]
     table: dict = {k: np.full(m, np.nan) for k in metrics}
+    for k in ("qs_global", "qs_best"):
+        if k in metrics:
+            table[k] = np.asarray([h[k] for h in host], np.float64)
     ifaces = ref.interfaces
     if "dockq" in metrics:
         table["interfaces"] = list(ifaces)
         for p in DOCKQ_PARTS:
             table[p] = np.full((m, len(ifaces)), np.nan)
+        for p in ("fnat", "fnonnat", "nnat", "nmdl"):
+            table[p] = np.asarray([h[p] for h in host], np.float64).reshape(m, len(ifaces))
     want_tm = any(k in metrics for k in ("tm_score", "gdtts", "gdtha", "rmsd"))
     groups: dict = {}
     for k, (s, cm) in enumerate(zip(structures, mappings, strict=True)):
@@ -413,24 +458,15 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
             for col, v in (("tm_score", t.tm), ("gdtts", t.gdt_ts), ("gdtha", t.gdt_ha), ("rmsd", t.rmsd)):
                 if col in metrics:
                     table[col][idx] = _host(v)
-        if ref.qs is not None:
-            minfo = mp.residue_info(first)
-            chains = protein_chains(minfo)
-            for k in idx:
-                g, b = qs_score(ref.qs, _QSChains(structures[k], minfo, chains), cm)
-                if "qs_global" in metrics:
-                    table["qs_global"][k] = g
-                if "qs_best" in metrics:
-                    table["qs_best"][k] = b
         if "dockq" in metrics:
             total = np.zeros(len(idx))
             for i, (a, b) in enumerate(ifaces):
                 if a in cm.chains and b in cm.chains:
-                    d = _dockq_group(first, xs, ref_s, cm, a, b, device=device)
-                    d["dockq_per_interface"] = d.pop("dockq")
-                    for p in DOCKQ_PARTS:
-                        table[p][idx, i] = d[p]
-                    total += d["dockq_per_interface"]
+                    ir, lr = _dockq_rmsds(first, xs, ref_s, ref.native[a, b], cm, a, b, device=device)
+                    table["irmsd"][idx, i], table["lrmsd"][idx, i] = ir, lr
+                    d = dockq_formula(table["fnat"][idx, i], ir, lr)
+                    table["dockq_per_interface"][idx, i] = d
+                    total += d
             # DockQ v2: the mean over every reference interface, an unmapped one counting 0
             table["dockq"][idx] = total / len(ifaces) if ifaces else np.nan
     table["chain_mapping"] = list(mappings)

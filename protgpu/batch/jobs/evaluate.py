@@ -17,9 +17,10 @@ class EvaluateJob(Job):
     """Scores, confidence and sanity of design files: the table of ``protgpu evaluate``.
 
     :meth:`load` (in a parse worker) reads a design, computes its sanity and confidence columns and,
-    with a reference, cleans it and maps its chains (:func:`protgpu.complexes.scores.map_model`): a
-    design whose chains cannot be mapped fails there, with one line naming the file and the chains of
-    both structures. :meth:`compute` scores a batch's mapped designs together
+    with a reference, cleans it, maps its chains (:func:`protgpu.complexes.scores.map_model`) and counts
+    the per-model CPU parts of the scores (QS-score, DockQ contacts: ``host_scores``): a design whose
+    chains cannot be mapped fails there, with one line naming the file and the chains of both
+    structures. :meth:`compute` scores a batch's mapped designs together
     (:func:`protgpu.complexes.scores.score_mapped`: designs of one atom table and mapping share one
     batched lDDT, TM-score and superposition call, on the GPU when there is one).
 
@@ -76,7 +77,7 @@ class EvaluateJob(Job):
         """Read one design; its confidence and sanity columns, and (with a reference) its cleaned
         frames and chain mappings: ``{"names", "rows", "structures", "mappings"}``."""
         from ...complexes.evaluate import confidence_columns, sanity_columns
-        from ...complexes.scores import map_model
+        from ...complexes.scores import host_scores, map_model
         from ...io import load
 
         s = load(path)
@@ -85,14 +86,16 @@ class EvaluateJob(Job):
         frames = [s] if s.n_frames == 1 else [s.frames(i) for i in range(s.n_frames)]
         conf = confidence_columns(frames[0], path, self.confidence)
         rows = [{"model": n, **conf, **sanity_columns(f)} for n, f in zip(names, frames, strict=True)]
-        structures, mappings = [], []
+        structures, mappings, host = [], [], []
         if self.reference is not None:
             for f in frames:
                 cs, cm = map_model(f, self.reference, chain_mapping=self.chain_mapping,
                                    min_identity=self.min_identity)
                 structures.append(cs)
                 mappings.append(cm)
-        return {"names": names, "rows": rows, "structures": structures, "mappings": mappings}
+                # QS-score and the DockQ contacts are per model and CPU-bound: here, in the parse workers
+                host.append(host_scores(cs, cm, self.reference))
+        return {"names": names, "rows": rows, "structures": structures, "mappings": mappings, "host": host}
 
     def size(self, item) -> object:
         # designs of one length batch together (most of a design campaign shares its atom table)
@@ -111,7 +114,8 @@ class EvaluateJob(Job):
             structures = [s for it in items for s in it["structures"]]
             mappings = [m for it in items for m in it["mappings"]]
             device = "gpu" if dispatch(device=self.device).on_gpu else "cpu"
-            table = score_mapped(structures, mappings, self.reference, device)
+            host = [h for it in items for h in it["host"]]
+            table = score_mapped(structures, mappings, self.reference, device, host=host)
             k = 0
             for it in items:
                 for row in it["rows"]:
