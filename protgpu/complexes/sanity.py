@@ -1,8 +1,8 @@
 """Design sanity metrics of one model: steric clashes, radius of gyration, residue counts per chain
 and at the interface, and buried interface contacts (``pg.design_sanity``).
 
-Clashes are the pairs a k-d tree finds within the cutoff (scipy); residue contacts go through
-:func:`protgpu.contacts` (closest heavy atoms).
+Clashes and interface contacts are the pairs a k-d tree finds within the cutoff (scipy; the residue
+contacts are DockQ's helper in :mod:`.scores`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def design_sanity(structure, *, clash_cutoff: float = CLASH_CUTOFF, interface_cu
         sequence-adjacent residues of one chain, and disulfide-bonded SG pairs.
     interface_cutoff : float
         Residues of different chains whose closest heavy atoms are closer than this (Angstrom) are in
-        contact (``protgpu.contacts`` with ``scheme="closest-heavy"``).
+        contact (any heavy-atom pair closer than it).
     frame : int
         Which frame of a multi-frame structure.
 
@@ -85,8 +85,6 @@ def design_sanity(structure, *, clash_cutoff: float = CLASH_CUTOFF, interface_cu
     ({'A': 306, 'B': 395, '_': 2}, 0, 27.6)
     """
     refuse_grad("pg.design_sanity", structure)
-    from ..contacts import contacts
-
     s = as_structure(structure, "structure")
     where = s.source or "structure"
     if not clash_cutoff > 0 or not interface_cutoff > 0:
@@ -124,17 +122,25 @@ def design_sanity(structure, *, clash_cutoff: float = CLASH_CUTOFF, interface_cu
         "radius_of_gyration": rg(x),
         "chain_radius_of_gyration": {c: rg(x[chain == c]) for c in ids},
     }
-    # interface: residue contacts between chains, closest heavy atoms (protgpu.contacts)
+    # interface: residue pairs of different chains with heavy atoms closer than the cutoff (the k-d tree
+    # residue contacts DockQ counts, chain pair by chain pair: the inter-chain pairs alone, not the
+    # whole residue matrix protgpu.contacts would build)
     iface = {c: 0 for c in ids}
     n_contacts = n_buried = 0
     if len(ids) > 1:
+        from itertools import combinations
+
+        from .scores import _contacts
+
         sub = s.frames([frame]).select(idx)
-        cm = contacts(sub, scheme="closest-heavy", cutoff=float(interface_cutoff), min_separation=1,
-                      residues="all", output="pairs", device="cpu")
+        sres = sub.atoms.residue_index
         rchain = sub.residues.chain
-        ri, rj = np.asarray(cm.pairs.i), np.asarray(cm.pairs.j)
-        between = rchain[ri] != rchain[rj]
-        ri, rj = ri[between], rj[between]
+        found = set()
+        for p, q in combinations(ids, 2):
+            found |= _contacts(x, np.flatnonzero(chain == p), np.flatnonzero(chain == q), sres,
+                               float(interface_cutoff))
+        pairs = np.asarray(sorted(found), dtype=np.int64).reshape(-1, 2)
+        ri, rj = pairs[:, 0], pairs[:, 1]
         n_contacts = int(ri.size)
         for r in np.unique(np.concatenate([ri, rj])):
             iface[str(rchain[r])] += 1
