@@ -16,6 +16,7 @@ from ..batch.inputs import expand_inputs
 from ..errors import InputError
 from ._batch_options import add_batch_options, job_device, late_device, mark, report_failures, run_job
 from ._cli_text import add_out, add_parser, translate_failures
+from .score import _fmt
 
 _OUT_SUFFIXES = (".csv", ".jsonl", ".parquet")
 
@@ -86,10 +87,3 @@ def run(args) -> int:
     report_failures(translate_failures(summary, "evaluate"), "evaluate")
     return summary.exit_code
 
-
-def _fmt(v) -> str:
-    if v is None:
-        return "nan"
-    if isinstance(v, float):
-        return f"{v:.4f}"
-    return str(v)

@@ -140,3 +140,17 @@ def test_evaluate_bad_options(tmp_path, eud):
         _cli([eud[0], "--out", tmp_path / "x.txt"])
     with pytest.raises(InputError, match="--min-identity"):
         _cli([eud[0], "--ref", eud[1], "--min-identity", "120"])
+
+
+def test_evaluate_confidence_that_does_not_match(tmp_path, eud):
+    """A predictor's file next to the design with another residue count: one line naming both files,
+    exit 2 and no output."""
+    model = tmp_path / "x_unrelaxed_rank_001_m.pdb"
+    shutil.copy(eud[0], model)
+    (tmp_path / "x_scores_rank_001_m.json").write_text(json.dumps({"plddt": [90.0] * 12, "ptm": 0.5}))
+    out = tmp_path / "x.csv"
+    with pytest.raises(InputError) as exc:
+        _cli([model, "--out", out, "-q"])
+    msg = str(exc.value)
+    assert "x_scores_rank_001_m.json" in msg and "x_unrelaxed_rank_001_m.pdb" in msg and "\n" not in msg
+    assert not out.exists()
