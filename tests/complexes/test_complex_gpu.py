@@ -1,7 +1,7 @@
 """pg.score_complex and protgpu evaluate on the GPU against the CPU: the batched lDDT, TM-score and
 superposition calls give the CPU's numbers (lDDT and interface lDDT to 1e-4: the GPU counts in float32
-for float32 Structures; TM-score/GDT/RMSD and the DockQ RMSDs to 1e-5; contacts, QS and fnat are the
-CPU's own code either way)."""
+for float32 Structures; TM-score and the RMSDs to 1e-5/1e-4, GDT to one residue; contacts, QS and fnat
+are the CPU's own code either way)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import protgpu as pg
 
 pytestmark = pytest.mark.gpu
 
-TOL = {"lddt": 1e-4, "bb_lddt": 1e-4, "ilddt": 1e-4, "tm_score": 1e-5, "gdtts": 1e-5, "gdtha": 1e-5,
+# GDT counts residues under distance cutoffs: one residue on the other side of a cutoff is 1/(4 L)
+TOL = {"lddt": 1e-4, "bb_lddt": 1e-4, "ilddt": 1e-4, "tm_score": 1e-5, "gdtts": 2e-3, "gdtha": 2e-3,
        "rmsd": 1e-4, "qs_global": 1e-12, "qs_best": 1e-12, "dockq": 1e-5, "fnat": 1e-12, "fnonnat": 1e-12,
        "irmsd": 1e-4, "lrmsd": 1e-4, "nnat": 0, "nmdl": 0}
 
