@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import HERE, print_table, write_results
+from _common import HERE, machine, print_table, write_results
 from bench_scoring import write_pdbs
 
 REF = HERE.parent / "datasets" / "openstructure" / "1eud_ref.pdb"
@@ -229,7 +229,10 @@ def main() -> int:
     for key in ("data", "dockq_max_abs_diff_vs_anchor", "anchor"):
         if key in extra:
             print(f"{key}: {extra[key]}")
-    out = write_results("complex", rows, extra, args.json)
+    info = machine()
+    if info.get("gpu") is None:  # no key rather than null: the results readers take a missing GPU as the CPU
+        info.pop("gpu", None)
+    out = write_results("complex", rows, {"machine": info, **extra}, args.json)
     print(f"-> {out}")
     return 0
 
