@@ -63,8 +63,7 @@ def representative_atoms(info: mp.ResidueInfo, residues: np.ndarray) -> np.ndarr
 
 def heavy_atoms(s, info: mp.ResidueInfo, residues: np.ndarray) -> np.ndarray:
     """Heavy atoms of the given residues."""
-    el = np.char.upper(s.atoms.element)
-    keep = (el != "H") & (el != "D") & np.isin(info.atom_residue, residues)
+    keep = ~np.isin(s.atoms.element, ("H", "D", "h", "d")) & np.isin(info.atom_residue, residues)
     return np.flatnonzero(keep)
 
 
@@ -82,7 +81,7 @@ class _QSChains:
 
     def __init__(self, s, info, chains: dict):
         xyz = np.asarray(s.coords[0], dtype=np.float64)
-        self.res, self.pos = {}, {}
+        self.res, self.pos, self._dist = {}, {}, {}
         for c, res in chains.items():
             rep = representative_atoms(info, res)
             self.res[c] = res[rep >= 0]
@@ -92,8 +91,12 @@ class _QSChains:
                            if (self.dist(a, b) < QS_CONTACT).any()]
 
     def dist(self, a, b) -> np.ndarray:
-        pa, pb = self.pos[a], self.pos[b]
-        return np.sqrt(((pa[:, None, :] - pb[None, :, :]) ** 2).sum(-1))
+        """Representative-atom distances between chains a and b (computed once: the reference's serve
+        every model, a model's both the interface search and the scores)."""
+        if (a, b) not in self._dist:
+            pa, pb = self.pos[a], self.pos[b]
+            self._dist[a, b] = np.sqrt(((pa[:, None, :] - pb[None, :, :]) ** 2).sum(-1))
+        return self._dist[a, b]
 
 
 def _qs_interface(ref: _QSChains, mdl: _QSChains, r_int, m_int, mapping: ChainMapping):
