@@ -442,8 +442,12 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
             table[p] = np.asarray([h[p] for h in host], np.float64).reshape(m, len(ifaces))
     want_tm = any(k in metrics for k in ("tm_score", "gdtts", "gdtha", "rmsd"))
     groups: dict = {}
+    seen: dict = {}  # (atom table, mapping) objects already keyed: the frames of one input share them
     for k, (s, cm) in enumerate(zip(structures, mappings, strict=True)):
-        groups.setdefault(_topology_key(s, cm), []).append(k)
+        ids = (id(s.atoms), id(cm))
+        if ids not in seen:
+            seen[ids] = _topology_key(s, cm)
+        groups.setdefault(seen[ids], []).append(k)
     ref_s = ref.structure
     for idx in groups.values():
         first, cm = structures[idx[0]], mappings[idx[0]]
