@@ -3,4 +3,4 @@ its parser (``common`` are the parent parsers holding the shared batch options) 
 ``func=run`` where ``run(args) -> int`` is the exit code."""
 
 # Order is the order of ``protgpu --help``.
-COMMAND_MODULES = ["info", "kernels", "distances", "contacts", "rmsd", "score", "cluster"]
+COMMAND_MODULES = ["info", "kernels", "distances", "contacts", "rmsd", "score", "cluster", "evaluate"]
