@@ -191,7 +191,6 @@ def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms) -
     chain_off = cp.asarray(packed.chain_off)
     chain_len = cp.asarray(packed.chain_len)
     maps = cp.empty(max(packed.map_total, 1), dtype=cp.int32)
-    map_off_d = cp.asarray(packed.map_off)
     lens = packed.chain_len
     ws = np.array([workspace_bytes(int(lens[a]), int(lens[b])) for a, b in packed.pair_chain.tolist()], dtype=np.int64)
     order = np.argsort(-ws, kind="stable")
@@ -206,10 +205,11 @@ def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms) -
         out_n = cp.empty(c, dtype=cp.int32)
         out_rt = cp.empty((c, 12))
         work = cp.empty(c * stride, dtype=cp.uint8)
-        launch(kernel, (c,), (THREADS,), coords, chain_off, chain_len,
-               cp.asarray(np.ascontiguousarray(packed.pair_chain[idx])), cp.asarray(np.ascontiguousarray(packed.params[idx])),
-               cp.ascontiguousarray(map_off_d[cp.asarray(idx)]), np.int32(c), work, np.int64(stride), out_val, out_n,
-               out_rt, maps)
+        pair_chain = cp.asarray(np.ascontiguousarray(packed.pair_chain[idx]))
+        params = cp.asarray(np.ascontiguousarray(packed.params[idx]))
+        map_off = cp.asarray(np.ascontiguousarray(packed.map_off[idx]))
+        launch(kernel, (c,), (THREADS,), coords, chain_off, chain_len, pair_chain, params, map_off, np.int32(c), work,
+               np.int64(stride), out_val, out_n, out_rt, maps)
         values[idx] = cp.asnumpy(out_val)
         n_ali[idx] = cp.asnumpy(out_n)
         rt[idx] = cp.asnumpy(out_rt)
