@@ -717,6 +717,10 @@ __device__ TA_NOINLINE void ta_pair(TaPair& P, const double* par, double* out_va
 //   out_rt (P, 12), out_map (sum of L2).
 #ifdef TMALIGN_HOST
 #include <stdlib.h>
+#ifdef TMALIGN_HOST_THREADS
+#include <thread>
+#include <vector>
+#endif
 
 extern "C" long long tmalign_workspace_bytes(int l1, int l2, int nwarps) {
     return ta_layout(l1, l2, nwarps, nullptr, nullptr);
@@ -727,20 +731,50 @@ extern "C" int tmalign_host(const double* coords, const long long* chain_off, co
                             double* out_rt, int* out_map) {
     TaShared sh;
     for (int p = 0; p < n_pairs; ++p) {
-        TaPair P;
         const int a = pair_chain[2 * p], c = pair_chain[2 * p + 1];
-        P.x = coords + 3 * chain_off[a];
-        P.y = coords + 3 * chain_off[c];
-        P.l1 = chain_len[a];
-        P.l2 = chain_len[c];
-        unsigned char* ws = (unsigned char*)malloc(ta_layout(P.l1, P.l2, 1, nullptr, nullptr));
+        const int l1 = chain_len[a], l2 = chain_len[c];
+        unsigned char* ws = (unsigned char*)malloc(ta_layout(l1, l2, TA_NWARPS, nullptr, nullptr));
         if (!ws) return 1;
-        ta_layout(P.l1, P.l2, 1, ws, &P);
-        P.blk = TaBlock{0, 1, 0, 0, sh.red};
-        P.wp = TaWarp{0, 1};
-        P.sh = &sh;
-        ta_pair(P, params + (long long)TA_NPARAM * p, out_val + 4LL * p, out_n + p, out_rt + 12LL * p,
-                out_map + map_off[p]);
+        auto run = [&](TaBlock blk, TaWarp wp) {
+            TaPair P;
+            P.x = coords + 3 * chain_off[a];
+            P.y = coords + 3 * chain_off[c];
+            P.l1 = l1;
+            P.l2 = l2;
+            ta_layout(l1, l2, TA_NWARPS, ws, &P);
+            P.blk = blk;
+            P.wp = wp;
+            P.sh = &sh;
+            ta_pair(P, params + (long long)TA_NPARAM * p, out_val + 4LL * p, out_n + p, out_rt + 12LL * p,
+                    out_map + map_off[p]);
+        };
+#ifdef TMALIGN_HOST_THREADS
+        TaHostSync* hs = new TaHostSync();
+        std::vector<std::thread> threads;
+        for (int tid = 0; tid < TA_NTHREADS; ++tid) {
+            const int w = tid / TA_WARP, lane = tid % TA_WARP;
+            TaBlock blk;
+            blk.rank = tid;
+            blk.size = TA_NTHREADS;
+            blk.base = 0;
+            blk.bar = &hs->block;
+            blk.hs = hs;
+            blk.warp = w;
+            blk.lane = lane;
+            blk.red = sh.red;
+            TaWarp wp;
+            wp.rank = lane;
+            wp.size = TA_WARP;
+            wp.base = w * TA_WARP;
+            wp.bar = &hs->warp[w];
+            wp.hs = hs;
+            threads.emplace_back(run, blk, wp);
+        }
+        for (auto& t : threads) t.join();
+        delete hs;
+#else
+        run(TaBlock{0, 1, 0, 0, sh.red}, TaWarp{0, 1});
+#endif
         free(ws);
     }
     return 0;

@@ -16,16 +16,19 @@
 #define __global__
 #define __forceinline__ inline
 #define __restrict__ __restrict
-#define TA_SYNCTHREADS() ((void)0)
-#define TA_SYNCWARP() ((void)0)
-#define TA_NTHREADS 1
 #define TA_NOINLINE
+#ifdef TMALIGN_HOST_THREADS
+// A block of TMALIGN_HOST_THREADS real threads in "warps" of TMALIGN_HOST_WARP (tests only: the strided
+// loops, reductions and barriers run concurrently, so a missing barrier shows up, e.g. under TSan).
+#define TA_NTHREADS TMALIGN_HOST_THREADS
+#define TA_WARP TMALIGN_HOST_WARP
+#else
+#define TA_NTHREADS 1
+#endif
 // No fused multiply-add on the host (x86-64 without -mfma): plain products and sums.
 #define TA_MUL(a, b) ((a) * (b))
 #define TA_ADD(a, b) ((a) + (b))
 #else
-#define TA_SYNCTHREADS() __syncthreads()
-#define TA_SYNCWARP() __syncwarp()
 #ifndef TA_THREADS
 #define TA_THREADS 256
 #endif
@@ -38,7 +41,9 @@
 #define TA_ADD(a, b) __dadd_rn((a), (b))
 #endif
 
+#ifndef TA_WARP
 #define TA_WARP 32
+#endif
 #define TA_NWARPS ((TA_NTHREADS + TA_WARP - 1) / TA_WARP)
 #define TA_RED_MAX 16  // most values one team reduction sums at once
 #ifdef TMALIGN_HOST
@@ -61,7 +66,78 @@ __device__ __forceinline__ void ta_merge3(double& a, double& b, double& c, doubl
     c = r[2];
 }
 
-#ifdef TMALIGN_HOST
+#if defined(TMALIGN_HOST) && defined(TMALIGN_HOST_THREADS)
+#include <condition_variable>
+#include <mutex>
+
+struct TaBarrier {  // a reusable barrier of n threads (generation count)
+    int n = 0, waiting = 0;
+    long long gen = 0;
+    std::mutex m;
+    std::condition_variable cv;
+    void wait() {
+        std::unique_lock<std::mutex> lk(m);
+        const long long g = gen;
+        if (++waiting == n) {
+            waiting = 0;
+            ++gen;
+            cv.notify_all();
+        } else {
+            cv.wait(lk, [&] { return gen != g; });
+        }
+    }
+};
+
+// One emulated block: its barriers and the exchange buffers that stand in for shuffles.
+struct TaHostSync {
+    TaBarrier block, warp[TA_NWARPS];
+    double xch[TA_NTHREADS][TA_RED_MAX];
+    TaHostSync() {
+        block.n = TA_NTHREADS;
+        for (int w = 0; w < TA_NWARPS; ++w) warp[w].n = TA_WARP;
+    }
+};
+
+// Team reductions: every member writes its values, waits, reads all members' in rank order, waits.
+struct TaHostTeam {
+    int rank, size, base;  // base: first thread of the team in xch
+    TaBarrier* bar;
+    TaHostSync* hs;
+    void sync() const { bar->wait(); }
+    void sums(double* v, int k) const {
+        for (int i = 0; i < k; ++i) hs->xch[base + rank][i] = v[i];
+        bar->wait();
+        for (int i = 0; i < k; ++i) {
+            double s = 0.0;
+            for (int r = 0; r < size; ++r) s += hs->xch[base + r][i];
+            v[i] = s;
+        }
+        bar->wait();
+    }
+    void min3(double& a, double& b, double& c) const {
+        double* x = hs->xch[base + rank];
+        x[0] = a;
+        x[1] = b;
+        x[2] = c;
+        bar->wait();
+        a = b = c = TA_INF;
+        for (int r = 0; r < size; ++r) ta_merge3(a, b, c, hs->xch[base + r][0], hs->xch[base + r][1], hs->xch[base + r][2]);
+        bar->wait();
+    }
+    int any(int v) const {
+        double d = v ? 1.0 : 0.0;
+        sums(&d, 1);
+        return d > 0.0;
+    }
+};
+
+struct TaWarp : TaHostTeam {};
+struct TaBlock : TaHostTeam {
+    int warp, lane;
+    double* red;
+};
+
+#elif defined(TMALIGN_HOST)
 
 struct TaWarp {
     int rank, size;

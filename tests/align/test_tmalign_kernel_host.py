@@ -23,21 +23,33 @@ REPO = Path(__file__).resolve().parents[2]
 REFERENCE = json.loads((REPO / "datasets" / "tmalign" / "reference.json").read_text())["pairs"]
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def _build(tmp_path_factory, *flags):
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("g++ is not installed")
     out = tmp_path_factory.mktemp("tmalign_host") / "tmalign_host.so"
     # -ffp-contract=off: no fused multiply-add, as the CPU path (and the kernel's DP cells) compute
     subprocess.run([gxx, "-std=c++17", "-O2", "-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas", "-shared",
-                    "-fPIC", "-x", "c++", "-DTMALIGN_HOST", "-I", str(REPO / "kernels"),
+                    "-fPIC", "-x", "c++", "-DTMALIGN_HOST", *flags, "-I", str(REPO / "kernels"),
                     str(REPO / "kernels" / "tmalign.cu"), "-o", str(out)], check=True, capture_output=True)
     so = ctypes.CDLL(str(out))
     so.tmalign_host.restype = ctypes.c_int
     so.tmalign_workspace_bytes.restype = ctypes.c_longlong
     so.tmalign_workspace_bytes.argtypes = [ctypes.c_int] * 3
     return so
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    """The kernel as a block of one thread."""
+    return _build(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def lib_threads(tmp_path_factory):
+    """The kernel as a block of 12 concurrent threads in 3 "warps" of 4: strided loops, team reductions
+    and barriers as on the GPU (a missing barrier changes results here)."""
+    return _build(tmp_path_factory, "-DTMALIGN_HOST_THREADS=12", "-DTMALIGN_HOST_WARP=4", "-pthread")
 
 
 def host_align(so, mobile, target, pairs=None, l_norms=None):
@@ -90,6 +102,19 @@ def test_stored_pairs_match_tm_align(lib, datasets):
         np.testing.assert_allclose(row.rotation, ref["rotation"], atol=1e-6)
         np.testing.assert_allclose(row.translation, ref["translation"], atol=1e-4)
         assert row.tm == row.tm_target
+
+
+def test_concurrent_block_gives_the_same_results(lib, lib_threads, datasets):
+    rows = [r for r in REFERENCE if max(r["L1"], r["L2"]) < 80][:3]
+    chains = {f: _chain(datasets, f) for r in rows for f in (r["mobile"], r["target"])}
+    for ref in rows:
+        one = host_align(lib, [chains[ref["mobile"]]], [chains[ref["target"]]])[0]
+        many = host_align(lib_threads, [chains[ref["mobile"]]], [chains[ref["target"]]])[0]
+        assert abs(many.tm_target - ref["tm_target"]) < 1e-9 and abs(many.tm_mobile - ref["tm_mobile"]) < 1e-9
+        assert (many.mobile_aligned, many.match, many.target_aligned) == (
+            ref["mobile_aligned"], ref["match"], ref["target_aligned"])
+        for name in ("tm_target", "tm_mobile", "rmsd"):
+            assert abs(getattr(many, name) - getattr(one, name)) < 1e-12, name
 
 
 @pytest.mark.parametrize("normalize_by", ["mobile", "average", 123.5])
