@@ -17,6 +17,22 @@
 #include "tmalign_search.cuh"
 
 #define TA_NPARAM 8  // per pair: d0, d0_search, score_d8, d0 of L2, of L1, of l_norm, l_norm, its mode
+#ifndef TA_MIN_BLOCKS
+#define TA_MIN_BLOCKS 2  // blocks per SM the register budget is cut for (__launch_bounds__)
+#endif
+// Where the time goes (out_prof, when not NULL): SM clock cycles per pair, measured by thread 0.
+// Slots: the five initial alignments with their refinement, the final scores, then (across stages)
+// time in the DP, in TM-score searches, in quick scores, and the whole pair.
+#define TA_PROF_SLOTS 10
+#define TA_PROF_DP 6
+#define TA_PROF_SEARCH 7
+#define TA_PROF_QUICK 8
+#define TA_PROF_TOTAL 9
+#ifdef TMALIGN_HOST
+#define TA_CLOCK() 0LL
+#else
+#define TA_CLOCK() ((long long)clock64())
+#endif
 
 struct TaShared {
     double red[TA_NWARPS * TA_RED_MAX];
@@ -38,7 +54,12 @@ struct TaPair {
     TaBlock blk;
     TaWarp wp;
     TaShared* sh;
+    long long* prof;  // TA_PROF_SLOTS counters of this pair, or NULL
 };
+
+__device__ __forceinline__ void ta_prof(const TaPair& P, int slot, long long since) {
+    if (P.prof && P.blk.rank == 0) P.prof[slot] += TA_CLOCK() - since;
+}
 
 __device__ __forceinline__ long long ta_round8(long long v) { return (v + 7) & ~7LL; }
 
@@ -155,6 +176,7 @@ __device__ TA_NOINLINE void ta_nw(TaPair& P, int kind, double d0sq, double gap, 
     double* vc = P.dv + 2 * (l1 + 1);  // k
     unsigned char* pb = P.pv;  // k - 1 took the diagonal move
     unsigned char* pc = P.pv + (l1 + 1);
+    const long long t0 = TA_CLOCK();
     for (int i = b.rank; i <= l1; i += b.size) {
         va[i] = vb[i] = 0.0;
         pb[i] = 0;
@@ -206,6 +228,7 @@ __device__ TA_NOINLINE void ta_nw(TaPair& P, int kind, double d0sq, double gap, 
         }
     }
     b.sync();
+    ta_prof(P, TA_PROF_DP, t0);
 }
 
 // _search._scores for one superposition: sum of 1 / (1 + d^2 / d0^2) (pairs beyond d8 add nothing
@@ -231,6 +254,7 @@ __device__ TA_NOINLINE double ta_search(TaPair& P, const double* xa, const doubl
         ta_identity(R, t);
         return -1.0;
     }
+    const long long t0 = TA_CLOCK();
     double c[6] = {0, 0, 0, 0, 0, 0};
     for (int p = b.rank; p < n; p += b.size)
         for (int k = 0; k < 3; ++k) {
@@ -319,6 +343,7 @@ __device__ TA_NOINLINE double ta_search(TaPair& P, const double* xa, const doubl
     for (int k = 0; k < 3; ++k) t[k] = P.sh->wrt[bw * 12 + 9 + k];
     b.sync();
     for (int k = 0; k < 3; ++k) t[k] = (t[k] + cy[k]) - (R[3 * k] * cx[0] + R[3 * k + 1] * cx[1] + R[3 * k + 2] * cx[2]);
+    ta_prof(P, TA_PROF_SEARCH, t0);
     return best;
 }
 
@@ -396,6 +421,7 @@ __device__ TaThread ta_threading(int fs, int lf, int on_x, int min_ali, int l1, 
 // out: one candidate per warp.
 __device__ TA_NOINLINE void ta_best_threading(TaPair& P, const TaThread* sets, int n_sets, int* out) {
     const TaBlock& b = P.blk;
+    const long long t0 = TA_CLOCK();
     int total = 0;
     for (int s = 0; s < n_sets; ++s) total += sets[s].nk;
     double* d2 = P.d2w + (long long)b.warp * P.l2;
@@ -433,6 +459,7 @@ __device__ TA_NOINLINE void ta_best_threading(TaPair& P, const TaThread* sets, i
         for (int j = b.rank; j < P.l2; j += b.size) out[j] = ta_thread_map(sets[s], sets[s].k0 + c, j, P.l1);
     }
     b.sync();
+    ta_prof(P, TA_PROF_QUICK, t0);
 }
 
 // numpy_twin.max_fragment (one thread): the longest run of consecutive CA-CA distances below dcu0,
@@ -517,8 +544,10 @@ __device__ TA_NOINLINE bool ta_initial_local(TaPair& P) {
                 ta_transform(P, R, t);
                 ta_nw(P, TA_DP_TM, d01sq, 0.0, P.map_t);
                 const int* mt = P.map_t;
+                const long long t0 = TA_CLOCK();
                 const double sc = ta_fast_score(P.blk, P.xc, P.yc, l2, [&](int c) { return mt[c]; }, P.d0, P.d0s,
                                                 P.d2w, P.selw);
+                ta_prof(P, TA_PROF_QUICK, t0);
                 if (sc > best) {
                     best = sc;
                     found = true;
@@ -545,6 +574,7 @@ __device__ TA_NOINLINE void ta_align_maps(TaPair& P) {
     const double ddcc = P.lnorm <= 40 ? 0.1 : 0.4;
     for (int j = b.rank; j < l2; j += b.size) P.map_best[j] = -1;
     b.sync();
+    long long t0 = TA_CLOCK();
     // 1. gapless threading
     int min_ali = P.lm / 2 > 5 ? P.lm / 2 : 5;
     TaThread sets[2];
@@ -554,6 +584,8 @@ __device__ TA_NOINLINE void ta_align_maps(TaPair& P) {
     keep(score, P.map_t);
     score = ta_refine(P, R, t, both, 2, 30);
     keep(score, P.map_r);
+    ta_prof(P, 0, t0);
+    t0 = TA_CLOCK();
     // 2. secondary structure
     ta_nw(P, TA_DP_SS, 1.0, -1.0, P.map_t);
     score = ta_detailed(P, P.map_t, R, t);
@@ -562,6 +594,8 @@ __device__ TA_NOINLINE void ta_align_maps(TaPair& P) {
         score = ta_refine(P, R, t, both, 2, 30);
         keep(score, P.map_r);
     }
+    ta_prof(P, 1, t0);
+    t0 = TA_CLOCK();
     // 3. local fragment superposition
     if (ta_initial_local(P)) {
         score = ta_detailed(P, P.map_l, R, t);
@@ -571,6 +605,8 @@ __device__ TA_NOINLINE void ta_align_maps(TaPair& P) {
             keep(score, P.map_r);
         }
     }
+    ta_prof(P, 2, t0);
+    t0 = TA_CLOCK();
     // 4. the best alignment so far plus secondary structure
     const int* mb = P.map_best;
     ta_superpose(b, l2, [&](int j, double* x, double* y) -> bool {
@@ -591,6 +627,8 @@ __device__ TA_NOINLINE void ta_align_maps(TaPair& P) {
         score = ta_refine(P, R, t, both, 2, 30);
         keep(score, P.map_r);
     }
+    ta_prof(P, 3, t0);
+    t0 = TA_CLOCK();
     // 5. fragment gapless threading
     int fx[2], fy[2];
     if (b.rank == 0) {
@@ -618,6 +656,7 @@ __device__ TA_NOINLINE void ta_align_maps(TaPair& P) {
         score = ta_refine(P, R, t, zero, 1, 2);
         keep(score, P.map_r);
     }
+    ta_prof(P, 4, t0);
 }
 
 // numpy_twin.tm_align_pair for one pair: out_val = (tm_mobile, tm_target, tm, rmsd), out_n =
@@ -626,6 +665,7 @@ __device__ TA_NOINLINE void ta_align_maps(TaPair& P) {
 __device__ TA_NOINLINE void ta_pair(TaPair& P, const double* par, double* out_val, int* out_n, double* out_rt, int* out_map) {
     const TaBlock& b = P.blk;
     const int l1 = P.l1, l2 = P.l2;
+    const long long start = TA_CLOCK();
     P.lm = l1 < l2 ? l1 : l2;
     P.d0 = par[0];
     P.d0s = par[1];
@@ -645,6 +685,7 @@ __device__ TA_NOINLINE void ta_pair(TaPair& P, const double* par, double* out_va
         for (int k = 0; k < 3; ++k) P.yc[3 * j + k] = P.y[3 * j + k] - c[3 + k] / l2;
     b.sync();
     ta_align_maps(P);
+    const long long t_final = TA_CLOCK();
     // the final superposition of the alignment: a full search, scores over the aligned count
     double R[9], t[3];
     int n = ta_gather(P, P.map_best);
@@ -698,6 +739,8 @@ __device__ TA_NOINLINE void ta_pair(TaPair& P, const double* par, double* out_va
         Ro = R;
         to = t;
     }
+    ta_prof(P, 5, t_final);
+    ta_prof(P, TA_PROF_TOTAL, start);
     if (b.rank == 0) {
         out_val[0] = tm_m;
         out_val[1] = tm_t;
@@ -714,7 +757,7 @@ __device__ TA_NOINLINE void ta_pair(TaPair& P, const double* par, double* out_va
 //   of each chain, chain_len (C,) int32; pair_chain (P, 2) int32: (mobile chain, target chain) of each
 //   pair; params (P, TA_NPARAM) float64 (see TA_NPARAM; gpu.py pair_params); map_off (P,) int64: where
 //   each pair's alignment (L2 int32) starts in out_map; outputs out_val (P, 4), out_n (P,),
-//   out_rt (P, 12), out_map (sum of L2).
+//   out_rt (P, 12), out_map (sum of L2); out_prof (P, TA_PROF_SLOTS) int64 zeros, or NULL.
 #ifdef TMALIGN_HOST
 #include <stdlib.h>
 #ifdef TMALIGN_HOST_THREADS
@@ -728,7 +771,7 @@ extern "C" long long tmalign_workspace_bytes(int l1, int l2, int nwarps) {
 
 extern "C" int tmalign_host(const double* coords, const long long* chain_off, const int* chain_len, const int* pair_chain,
                             const double* params, const long long* map_off, int n_pairs, double* out_val, int* out_n,
-                            double* out_rt, int* out_map) {
+                            double* out_rt, int* out_map, long long* out_prof) {
     TaShared sh;
     for (int p = 0; p < n_pairs; ++p) {
         const int a = pair_chain[2 * p], c = pair_chain[2 * p + 1];
@@ -745,6 +788,7 @@ extern "C" int tmalign_host(const double* coords, const long long* chain_off, co
             P.blk = blk;
             P.wp = wp;
             P.sh = &sh;
+            P.prof = out_prof ? out_prof + (long long)TA_PROF_SLOTS * p : nullptr;
             ta_pair(P, params + (long long)TA_NPARAM * p, out_val + 4LL * p, out_n + p, out_rt + 12LL * p,
                     out_map + map_off[p]);
         };
@@ -781,10 +825,10 @@ extern "C" int tmalign_host(const double* coords, const long long* chain_off, co
 }
 #else
 // One block of TA_THREADS threads per pair; workspace: one slice of ws_stride bytes per block.
-extern "C" __global__ __launch_bounds__(TA_THREADS) void tmalign_pairs(
+extern "C" __global__ __launch_bounds__(TA_THREADS, TA_MIN_BLOCKS) void tmalign_pairs(
     const double* coords, const long long* chain_off, const int* chain_len, const int* pair_chain, const double* params,
     const long long* map_off, int n_pairs, unsigned char* workspace, long long ws_stride, double* out_val, int* out_n,
-    double* out_rt, int* out_map) {
+    double* out_rt, int* out_map, long long* out_prof) {
     __shared__ TaShared sh;
     const int p = blockIdx.x;
     if (p >= n_pairs) return;
@@ -798,6 +842,7 @@ extern "C" __global__ __launch_bounds__(TA_THREADS) void tmalign_pairs(
     P.blk = TaBlock{(int)threadIdx.x, (int)blockDim.x, (int)(threadIdx.x >> 5), (int)(threadIdx.x & 31), sh.red};
     P.wp = TaWarp{(int)(threadIdx.x & 31), 32};
     P.sh = &sh;
+    P.prof = out_prof ? out_prof + (long long)TA_PROF_SLOTS * p : nullptr;
     ta_pair(P, params + (long long)TA_NPARAM * p, out_val + 4LL * p, out_n + p, out_rt + 12LL * p, out_map + map_off[p]);
 }
 #endif

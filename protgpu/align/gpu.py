@@ -22,13 +22,20 @@ from .numpy_twin import CLOSE_PAIR, PairAlignment, _gapped, d0_final, search_par
 
 #: Threads of one block (one pair); the kernel's TA_THREADS.
 THREADS = 256
+#: Blocks per SM the kernel's registers are limited for (its TA_MIN_BLOCKS; 1 lets it use up to 255).
+MIN_BLOCKS = 2
 #: Values per pair in the kernel's parameter rows (its TA_NPARAM).
 N_PARAM = 8
+#: What the kernel's profile counters (SM clock cycles per pair, ``profile=True``) measure: the five
+#: initial alignments each with its refinement, the final scores; then, across those, the time in the
+#: DP, in TM-score searches and in quick scores; and the whole pair.
+PROFILE_SLOTS = ("threading", "secondary_structure", "local_superposition", "best_plus_ss",
+                 "fragment_threading", "final_scores", "dp", "tm_search", "quick_scores", "total")
 
 
 def defines() -> dict:
     """The kernel's compile-time settings (also the prebuilt cubin's)."""
-    return {"TA_THREADS": THREADS}
+    return {"TA_THREADS": THREADS, "TA_MIN_BLOCKS": MIN_BLOCKS}
 
 
 def workspace_bytes(l1: int, l2: int, nwarps: int = THREADS // 32) -> int:
@@ -150,7 +157,7 @@ def unpack(packed: Packed, values, n_aligned, rt, maps, seq_mobile, seq_target) 
     return rows
 
 
-def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms) -> list[PairAlignment]:
+def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms, *, profile: bool = False):
     """:func:`protgpu.align.numpy_twin.tm_align_pair` for every pair, on the current GPU.
 
     Parameters
@@ -163,11 +170,15 @@ def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms) -
         (mobile index, target index) pairs.
     l_norms : array_like of float, shape (P,)
         The length each pair's ``tm`` is normalised by.
+    profile : bool
+        Also return the kernel's clock counters (benchmarks: where the time goes).
 
     Returns
     -------
     list of PairAlignment
         One per pair, in order; the same values the CPU path gives (TM-scores to ~1e-12).
+    ndarray of int64, shape (P, len(PROFILE_SLOTS))
+        Only with ``profile``: SM clock cycles per pair in each of :data:`PROFILE_SLOTS`.
 
     Notes
     -----
@@ -184,8 +195,9 @@ def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms) -
     values = np.empty((n_pairs, 4))
     n_ali = np.empty(n_pairs, dtype=np.int32)
     rt = np.empty((n_pairs, 12))
+    prof = np.zeros((n_pairs, len(PROFILE_SLOTS)), dtype=np.int64)
     if n_pairs == 0:
-        return []
+        return ([], prof) if profile else []
     kernel = get_kernel("tmalign", "tmalign_pairs", defines=defines())
     coords = cp.asarray(packed.coords)
     chain_off = cp.asarray(packed.chain_off)
@@ -204,15 +216,19 @@ def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms) -
         out_val = cp.empty((c, 4))
         out_n = cp.empty(c, dtype=cp.int32)
         out_rt = cp.empty((c, 12))
+        out_prof = cp.zeros((c, len(PROFILE_SLOTS)), dtype=cp.int64) if profile else None
         work = cp.empty(c * stride, dtype=cp.uint8)
         pair_chain = cp.asarray(np.ascontiguousarray(packed.pair_chain[idx]))
         params = cp.asarray(np.ascontiguousarray(packed.params[idx]))
         map_off = cp.asarray(np.ascontiguousarray(packed.map_off[idx]))
         launch(kernel, (c,), (THREADS,), coords, chain_off, chain_len, pair_chain, params, map_off, np.int32(c), work,
-               np.int64(stride), out_val, out_n, out_rt, maps)
+               np.int64(stride), out_val, out_n, out_rt, maps, out_prof)
         values[idx] = cp.asnumpy(out_val)
         n_ali[idx] = cp.asnumpy(out_n)
         rt[idx] = cp.asnumpy(out_rt)
+        if profile:
+            prof[idx] = cp.asnumpy(out_prof)
         del work
         start += c
-    return unpack(packed, values, n_ali, rt, cp.asnumpy(maps), seq_mobile, seq_target)
+    rows = unpack(packed, values, n_ali, rt, cp.asnumpy(maps), seq_mobile, seq_target)
+    return (rows, prof) if profile else rows

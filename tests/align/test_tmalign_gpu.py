@@ -121,3 +121,14 @@ def check_tmalign_for_sanitizer() -> None:
     finally:
         del os.environ["PROTGPU_GPU_MEMORY_BUDGET"]
     print("tmalign: ok")
+
+
+def test_profile_counters_add_up(datasets):
+    from protgpu.align.gpu import PROFILE_SLOTS, tm_align_gpu
+
+    x, y = (one_chain(str(datasets / f), f) for f in FILES[:2])
+    rows, prof = tm_align_gpu([x.ca], [y.ca], [x.sequence], [y.sequence], [(0, 0)], [float(len(y.ca))], profile=True)
+    assert prof.shape == (1, len(PROFILE_SLOTS)) and rows[0].n_aligned > 0
+    total = prof[0, PROFILE_SLOTS.index("total")]
+    assert total > 0 and prof[0, :6].sum() <= total and (prof[0] >= 0).all()
+    assert prof[0, PROFILE_SLOTS.index("dp")] > 0 and prof[0, PROFILE_SLOTS.index("tm_search")] > 0

@@ -69,7 +69,7 @@ def host_align(so, mobile, target, pairs=None, l_norms=None):
         return a.ctypes.data_as(ctypes.c_void_p)
 
     rc = so.tmalign_host(ptr(pk.coords), ptr(pk.chain_off), ptr(pk.chain_len), ptr(pk.pair_chain), ptr(pk.params),
-                         ptr(pk.map_off), ctypes.c_int(n), ptr(val), ptr(n_ali), ptr(rt), ptr(maps))
+                         ptr(pk.map_off), ctypes.c_int(n), ptr(val), ptr(n_ali), ptr(rt), ptr(maps), None)
     assert rc == 0
     return gpu.unpack(pk, val, n_ali, rt, maps, [m[1] for m in mobile], [t[1] for t in target])
 
