@@ -49,7 +49,7 @@ struct TaPair {
     int l1, l2, lm;
     double d0, d0s, d8, lnorm;  // numpy_twin.SearchParameters (l_norm = min(L1, L2))
     double *xc, *yc, *xt, *xa, *ya, *xs, *ys, *dv, *d2w;
-    int *map_best, *map_t, *map_r, *map_l;
+    int *map_best, *map_t, *map_r, *map_l, *mapw, *mapwb;
     unsigned char *secx, *secy, *pv, *selw, *moves;
     TaBlock blk;
     TaWarp wp;
@@ -68,28 +68,32 @@ __device__ __forceinline__ long long ta_round8(long long v) { return (v + 7) & ~
 __device__ long long ta_layout(int l1, int l2, int nwarps, unsigned char* base, TaPair* P) {
     const int lm = l1 < l2 ? l1 : l2;
     long long off = 0;
-    const long long nd[9] = {3LL * l1, 3LL * l2, 3LL * l1, 3LL * lm, 3LL * lm, 3LL * lm, 3LL * lm,
-                             3LL * (l1 + 1), (long long)nwarps * l2};
+    // per warp: the DP's buffers (xt, dv, pv, moves: the local fragment stage runs one DP per warp; the
+    // block's DPs use warp 0's), distances and selections, and two alignment maps
+    const long long nw = nwarps;
+    const long long nd[9] = {3LL * l1, 3LL * l2, nw * 3 * l1, 3LL * lm, 3LL * lm, 3LL * lm, 3LL * lm,
+                             nw * 3 * (l1 + 1), nw * l2};
+    const long long ni[6] = {l2, l2, l2, l2, nw * l2, nw * l2};
     double** dp[9] = {0};
-    int** ip[4] = {0};
+    int** ip[6] = {0};
     unsigned char** bp[5] = {0};
     if (P) {
         double** d[9] = {&P->xc, &P->yc, &P->xt, &P->xa, &P->ya, &P->xs, &P->ys, &P->dv, &P->d2w};
-        int** i[4] = {&P->map_best, &P->map_t, &P->map_r, &P->map_l};
+        int** i[6] = {&P->map_best, &P->map_t, &P->map_r, &P->map_l, &P->mapw, &P->mapwb};
         unsigned char** b[5] = {&P->secx, &P->secy, &P->pv, &P->selw, &P->moves};
         for (int k = 0; k < 9; ++k) dp[k] = d[k];
-        for (int k = 0; k < 4; ++k) ip[k] = i[k];
+        for (int k = 0; k < 6; ++k) ip[k] = i[k];
         for (int k = 0; k < 5; ++k) bp[k] = b[k];
     }
     for (int k = 0; k < 9; ++k) {
         if (P) *dp[k] = (double*)(base + off);
         off += ta_round8(nd[k] * 8);
     }
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < 6; ++k) {
         if (P) *ip[k] = (int*)(base + off);
-        off += ta_round8(4LL * l2);
+        off += ta_round8(4LL * ni[k]);
     }
-    const long long nb[5] = {l1, l2, 2LL * (l1 + 1), 2LL * nwarps * l2, (long long)(l1 + 1) * (l2 + 1)};
+    const long long nb[5] = {l1, l2, nw * 2 * (l1 + 1), 2LL * nw * l2, nw * (l1 + 1) * (l2 + 1)};
     for (int k = 0; k < 5; ++k) {
         if (P) *bp[k] = base + off;
         off += ta_round8(nb[k]);
@@ -133,20 +137,23 @@ __device__ TA_NOINLINE void ta_secondary(const TaBlock& b, const double* x, int 
     }
 }
 
-// _dp.transform: the mobile chain under (R, t), summed u_k0 x_0 + u_k1 x_1 + u_k2 x_2 + t_k.
-__device__ TA_NOINLINE void ta_transform(TaPair& P, const double* R, const double* t) {
-    for (int i = P.blk.rank; i < P.l1; i += P.blk.size) {
+// _dp.transform: the mobile chain under (R, t) into DP slot w's xt, summed u_k0 x_0 + u_k1 x_1 +
+// u_k2 x_2 + t_k.
+template <class Team>
+__device__ TA_NOINLINE void ta_transform(TaPair& P, const Team& tm, int w, const double* R, const double* t) {
+    double* xt = P.xt + 3LL * w * P.l1;
+    for (int i = tm.rank; i < P.l1; i += tm.size) {
         const double* a = P.x + 3 * i;
         for (int k = 0; k < 3; ++k)
-            P.xt[3 * i + k] = TA_ADD(TA_ADD(TA_ADD(TA_MUL(R[3 * k], a[0]), TA_MUL(R[3 * k + 1], a[1])),
-                                            TA_MUL(R[3 * k + 2], a[2])), t[k]);
+            xt[3 * i + k] = TA_ADD(TA_ADD(TA_ADD(TA_MUL(R[3 * k], a[0]), TA_MUL(R[3 * k + 1], a[1])),
+                                          TA_MUL(R[3 * k + 2], a[2])), t[k]);
     }
-    P.blk.sync();
+    tm.sync();
 }
 
-// _dp.tm_scores_matrix's cell: 1 / (1 + d^2 / d0^2) between superposed mobile i and target j.
-__device__ __forceinline__ double ta_tm_cell(const TaPair& P, int i, int j, double d0sq) {
-    const double* a = P.xt + 3 * i;
+// _dp.tm_scores_matrix's cell: 1 / (1 + d^2 / d0^2) between superposed mobile i (in xt) and target j.
+__device__ __forceinline__ double ta_tm_cell(const TaPair& P, const double* xt, int i, int j, double d0sq) {
+    const double* a = xt + 3 * i;
     const double* b = P.y + 3 * j;
     const double e0 = a[0] - b[0], e1 = a[1] - b[1], e2 = a[2] - b[2];
     const double d2 = TA_ADD(TA_ADD(TA_MUL(e0, e0), TA_MUL(e1, e1)), TA_MUL(e2, e2));
@@ -162,20 +169,23 @@ __device__ __forceinline__ double ta_tm_cell(const TaPair& P, int i, int j, doub
 #define TA_DP_TM 0
 #define TA_DP_SS 1
 #define TA_DP_TM_SS 2
-__device__ TA_NOINLINE void ta_nw(TaPair& P, int kind, double d0sq, double gap, int* j2i) {
+// The team (the block, or one warp) uses the DP buffers of slot `slot` (warp 0's for the block).
+template <class Team>
+__device__ TA_NOINLINE void ta_nw(TaPair& P, const Team& b, int slot, int kind, double d0sq, double gap, int* j2i) {
+    const int l1 = P.l1, l2 = P.l2, w = l2 + 1;
+    const double* xt = P.xt + 3LL * slot * l1;
     auto score = [&](int i, int j) -> double {
         const double ss = P.secx[i] == P.secy[j] ? 1.0 : 0.0;
         if (kind == TA_DP_SS) return ss;
-        const double s = ta_tm_cell(P, i, j, d0sq);
+        const double s = ta_tm_cell(P, xt, i, j, d0sq);
         return kind == TA_DP_TM ? s : TA_ADD(s, 0.5 * ss);
     };
-    const int l1 = P.l1, l2 = P.l2, w = l2 + 1;
-    const TaBlock& b = P.blk;
-    double* va = P.dv;  // diagonal k - 2
-    double* vb = P.dv + (l1 + 1);  // k - 1
-    double* vc = P.dv + 2 * (l1 + 1);  // k
-    unsigned char* pb = P.pv;  // k - 1 took the diagonal move
-    unsigned char* pc = P.pv + (l1 + 1);
+    double* va = P.dv + 3LL * slot * (l1 + 1);  // diagonal k - 2
+    double* vb = va + (l1 + 1);  // k - 1
+    double* vc = va + 2 * (l1 + 1);  // k
+    unsigned char* pb = P.pv + 2LL * slot * (l1 + 1);  // k - 1 took the diagonal move
+    unsigned char* pc = pb + (l1 + 1);
+    unsigned char* moves = P.moves + (long long)slot * (l1 + 1) * (l2 + 1);
     const long long t0 = TA_CLOCK();
     for (int i = b.rank; i <= l1; i += b.size) {
         va[i] = vb[i] = 0.0;
@@ -207,7 +217,7 @@ __device__ TA_NOINLINE void ta_nw(TaPair& P, int kind, double d0sq, double gap, 
                 m = 2;
             }
             pc[i] = m == 0;
-            P.moves[(long long)i * w + j] = m;
+            moves[(long long)i * w + j] = m;
         }
         b.sync();
         double* tv = va;
@@ -221,14 +231,14 @@ __device__ TA_NOINLINE void ta_nw(TaPair& P, int kind, double d0sq, double gap, 
     if (b.rank == 0) {
         int i = l1, j = l2;
         while (i > 0 && j > 0) {
-            const unsigned char m = P.moves[(long long)i * w + j];
+            const unsigned char m = moves[(long long)i * w + j];
             if (m == 0) j2i[j - 1] = i - 1;
             if (m != 1) --i;
             if (m != 2) --j;
         }
     }
     b.sync();
-    ta_prof(P, TA_PROF_DP, t0);
+    if (b.size == P.blk.size) ta_prof(P, TA_PROF_DP, t0);  // the block's DPs (the warps' are in their stage)
 }
 
 // _search._scores for one superposition: sum of 1 / (1 + d^2 / d0^2) (pairs beyond d8 add nothing
@@ -376,8 +386,8 @@ __device__ TA_NOINLINE double ta_refine(TaPair& P, double* R, double* t, const d
     const double d0sq = P.d0 * P.d0;
     for (int g = 0; g < n_gaps; ++g)
         for (int it = 0; it < max_iter; ++it) {
-            ta_transform(P, R, t);
-            ta_nw(P, TA_DP_TM, d0sq, gaps[g], P.map_t);
+            ta_transform(P, P.blk, 0, R, t);
+            ta_nw(P, P.blk, 0, TA_DP_TM, d0sq, gaps[g], P.map_t);
             const double score = ta_detailed(P, P.map_t, R, t);
             if (score > best) {
                 best = score;
@@ -522,40 +532,69 @@ __device__ __forceinline__ int ta_jump(int length) {
 }
 
 // numpy_twin.initial_local: fragment pairs superposed, DP on 1 / (1 + d^2 / (d0 + 1.5)^2) with gap 0,
-// the first strictly best quick score (above 0) into map_l. Returns whether one was found.
+// the first strictly best quick score (above 0) into map_l; one candidate per warp (each warp keeps its
+// first strict maximum over its candidates, taken in order; across warps the highest score, then the
+// first candidate). Returns whether one was found.
 __device__ TA_NOINLINE bool ta_initial_local(TaPair& P) {
-    const int l1 = P.l1, l2 = P.l2, j1 = ta_jump(l1), j2 = ta_jump(l2), al = P.lm;
+    const TaBlock& b = P.blk;
+    const TaWarp& wp = P.wp;
+    const int l1 = P.l1, l2 = P.l2, j1 = ta_jump(l1), j2 = ta_jump(l2), al = P.lm, w = b.warp;
     const int nfs[2] = {20 < al / 3 ? 20 : al / 3, 100 < al / 2 ? 100 : al / 2};
-    const double d01 = P.d0 + 1.5, d01sq = d01 * d01;
-    double best = 0.0;
-    bool found = false;
-    for (int f = 0; f < 2; ++f) {
-        const int nf = nfs[f];
-        for (int i = 0; i <= l1 - nf; i += j1)
-            for (int j = 0; j <= l2 - nf; j += j2) {
-                double R[9], t[3];
-                ta_superpose(P.blk, nf, [&](int p, double* x, double* y) -> bool {
-                    for (int k = 0; k < 3; ++k) {
-                        x[k] = P.x[3 * (i + p) + k];
-                        y[k] = P.y[3 * (j + p) + k];
-                    }
-                    return true;
-                }, R, t);
-                ta_transform(P, R, t);
-                ta_nw(P, TA_DP_TM, d01sq, 0.0, P.map_t);
-                const int* mt = P.map_t;
-                const long long t0 = TA_CLOCK();
-                const double sc = ta_fast_score(P.blk, P.xc, P.yc, l2, [&](int c) { return mt[c]; }, P.d0, P.d0s,
-                                                P.d2w, P.selw);
-                ta_prof(P, TA_PROF_QUICK, t0);
-                if (sc > best) {
-                    best = sc;
-                    found = true;
-                    ta_copy_map(P, P.map_t, P.map_l);
-                }
-            }
+    int ni[2], nj[2];
+    for (int f = 0; f < 2; ++f) {  // len(range(0, L - nf + 1, jump))
+        ni[f] = l1 >= nfs[f] ? (l1 - nfs[f]) / j1 + 1 : 0;
+        nj[f] = l2 >= nfs[f] ? (l2 - nfs[f]) / j2 + 1 : 0;
     }
-    return found;
+    const int total = ni[0] * nj[0] + ni[1] * nj[1];
+    const double d01 = P.d0 + 1.5, d01sq = d01 * d01;
+    int* map = P.mapw + (long long)w * l2;
+    int* keep = P.mapwb + (long long)w * l2;
+    double* d2 = P.d2w + (long long)w * l2;
+    unsigned char* sel = P.selw + 2LL * w * l2;
+    const long long t0 = TA_CLOCK();
+    double wbest = 0.0;
+    int wc = -1;
+    for (int c = w; c < total; c += TA_NWARPS) {
+        int f = 0, r = c;
+        if (r >= ni[0] * nj[0]) {
+            r -= ni[0] * nj[0];
+            f = 1;
+        }
+        const int nf = nfs[f], i = (r / nj[f]) * j1, j = (r % nj[f]) * j2;
+        double R[9], t[3];
+        ta_superpose(wp, nf, [&](int p, double* x, double* y) -> bool {
+            for (int k = 0; k < 3; ++k) {
+                x[k] = P.x[3 * (i + p) + k];
+                y[k] = P.y[3 * (j + p) + k];
+            }
+            return true;
+        }, R, t);
+        ta_transform(P, wp, w, R, t);
+        ta_nw(P, wp, w, TA_DP_TM, d01sq, 0.0, map);
+        const double sc = ta_fast_score(wp, P.xc, P.yc, l2, [&](int q) { return map[q]; }, P.d0, P.d0s, d2, sel);
+        if (sc > wbest) {
+            wbest = sc;
+            wc = c;
+            for (int q = wp.rank; q < l2; q += wp.size) keep[q] = map[q];
+            wp.sync();
+        }
+    }
+    if (b.lane == 0) {
+        P.sh->wscore[w] = wbest;
+        P.sh->wseed[w] = wc;
+    }
+    b.sync();
+    int bw = -1;
+    for (int v = 0; v < TA_NWARPS; ++v) {
+        if (P.sh->wseed[v] < 0) continue;
+        if (bw < 0 || P.sh->wscore[v] > P.sh->wscore[bw] ||
+            (P.sh->wscore[v] == P.sh->wscore[bw] && P.sh->wseed[v] < P.sh->wseed[bw]))
+            bw = v;
+    }
+    b.sync();
+    if (bw >= 0) ta_copy_map(P, P.mapwb + (long long)bw * l2, P.map_l);
+    ta_prof(P, TA_PROF_DP, t0);  // the warps' DPs with their fits and quick scores
+    return bw >= 0;
 }
 
 // numpy_twin.align_maps: every initial alignment, each searched and (past its gate) refined; the best
@@ -587,7 +626,7 @@ __device__ TA_NOINLINE void ta_align_maps(TaPair& P) {
     ta_prof(P, 0, t0);
     t0 = TA_CLOCK();
     // 2. secondary structure
-    ta_nw(P, TA_DP_SS, 1.0, -1.0, P.map_t);
+    ta_nw(P, P.blk, 0, TA_DP_SS, 1.0, -1.0, P.map_t);
     score = ta_detailed(P, P.map_t, R, t);
     keep(score, P.map_t);
     if (score > tm_max * 0.2) {
@@ -618,9 +657,9 @@ __device__ TA_NOINLINE void ta_align_maps(TaPair& P) {
         }
         return true;
     }, R, t);
-    ta_transform(P, R, t);
+    ta_transform(P, P.blk, 0, R, t);
     const double d01 = P.d0 + 1.5, d01sq = d01 * d01;
-    ta_nw(P, TA_DP_TM_SS, d01sq, -1.0, P.map_t);
+    ta_nw(P, P.blk, 0, TA_DP_TM_SS, d01sq, -1.0, P.map_t);
     score = ta_detailed(P, P.map_t, R, t);
     keep(score, P.map_t);
     if (score > tm_max * ddcc) {

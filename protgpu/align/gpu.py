@@ -40,16 +40,19 @@ def defines() -> dict:
 
 def workspace_bytes(l1: int, l2: int, nwarps: int = THREADS // 32) -> int:
     """Bytes of global workspace one pair of L1 and L2 residues takes (the kernel's ``ta_layout``):
-    coordinate copies and per-warp scratch (float64), four alignment maps (int32), secondary structure,
-    DP flags, per-warp selections and the DP traceback, (L1 + 1)(L2 + 1) bytes."""
+    coordinate copies and per-warp scratch (float64), alignment maps (int32), secondary structure, and
+    per warp the DP's buffers, its selections and its traceback, (L1 + 1)(L2 + 1) bytes (the local
+    fragment stage runs one DP per warp)."""
     lm = min(l1, l2)
 
     def r8(v):
         return (v + 7) // 8 * 8
 
-    doubles = [3 * l1, 3 * l2, 3 * l1, 3 * lm, 3 * lm, 3 * lm, 3 * lm, 3 * (l1 + 1), nwarps * l2]
-    nbytes = [l1, l2, 2 * (l1 + 1), 2 * nwarps * l2, (l1 + 1) * (l2 + 1)]
-    return sum(r8(8 * d) for d in doubles) + 4 * r8(4 * l2) + sum(r8(b) for b in nbytes)
+    w = nwarps
+    doubles = [3 * l1, 3 * l2, w * 3 * l1, 3 * lm, 3 * lm, 3 * lm, 3 * lm, w * 3 * (l1 + 1), w * l2]
+    ints = [l2, l2, l2, l2, w * l2, w * l2]
+    nbytes = [l1, l2, w * 2 * (l1 + 1), 2 * w * l2, w * (l1 + 1) * (l2 + 1)]
+    return sum(r8(8 * d) for d in doubles) + sum(r8(4 * i) for i in ints) + sum(r8(b) for b in nbytes)
 
 
 def pair_params(l1: int, l2: int, l_norm: float) -> np.ndarray:
