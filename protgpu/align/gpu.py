@@ -28,7 +28,8 @@ MIN_BLOCKS = 2
 N_PARAM = 8
 #: What the kernel's profile counters (SM clock cycles per pair, ``profile=True``) measure: the five
 #: initial alignments each with its refinement, the final scores; then, across those, the time in the
-#: DP, in TM-score searches and in quick scores; and the whole pair.
+#: block's DPs plus the local fragment stage's per-warp candidates (fit, DP, quick score), in TM-score
+#: searches, in the threadings' quick scores; and the whole pair.
 PROFILE_SLOTS = ("threading", "secondary_structure", "local_superposition", "best_plus_ss",
                  "fragment_threading", "final_scores", "dp", "tm_search", "quick_scores", "total")
 
