@@ -318,7 +318,7 @@ def backward_cuda(x, r, rot, t, info, grads, need_x: bool, need_y: bool):
     frame = torch.empty((f, 13), dtype=torch.float64, device=dev) if need_y else None
     tail = (np.int64(f), np.int32(n_atoms), np.int32(n), np.int32(weighted), float(inv_w), float(cy[0]),
             float(cy[1]), float(cy[2]), floor, ROTATION_EPS, ROTATION_EPS_ABS)
-    plan = _plan(("frames", di, sfx, tail), f"qcp_bwd_frames_{sfx}", kernels.warp_grid(f),
+    plan = _plan(("frames", di, sfx, tail), f"qcp_bwd_frames_{sfx}", kernels.warp_grid(f, 1, kernels.WARP_THREADS),
                  (kernels.WARP_THREADS,), tail)
 
     def ptr(a):
