@@ -81,6 +81,7 @@ def default_configs() -> list[tuple[str, dict, bool]]:
         ("distances", {"ROWS_PER_BLOCK": _ROWS_PER_BLOCK}, False),
         ("contacts", {}, False),
         ("qcp", dict(qcp_defines()), False),
+        ("qcp_backward", {}, False),  # rmsd / superpose gradients (superpose/differentiable.py)
         ("tmscore", {"TM_WARPS": _TM_WARPS, "TM_EVAL_STORAGE": _TM_EVAL_STORAGE}, False),
         ("lddt", {"LDDT_WARPS": LDDT_WARPS}, False),
         ("consensus", {}, False),
