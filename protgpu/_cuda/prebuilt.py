@@ -69,6 +69,7 @@ def default_configs() -> list[tuple[str, dict, bool]]:
     """``(kernel, defines, arch_specific)`` of every kernel module the library loads with its default
     settings: the define sets come from the modules that launch the kernels, so the two cannot drift.
     ``arch_specific`` modules (Hopper's wgmma attention) are built for ``sm_90a`` only."""
+    from ..align import gpu as tmalign_gpu
     from ..attention import flash, flash_backward
     from ..distances import _ROWS_PER_BLOCK
     from ..scoring.lddt import _WARPS as LDDT_WARPS  # (the package's names lddt and tm_score are functions)
@@ -80,9 +81,11 @@ def default_configs() -> list[tuple[str, dict, bool]]:
         ("distances", {"ROWS_PER_BLOCK": _ROWS_PER_BLOCK}, False),
         ("contacts", {}, False),
         ("qcp", dict(qcp_defines()), False),
+        ("qcp_backward", {}, False),  # rmsd / superpose gradients (superpose/differentiable.py)
         ("tmscore", {"TM_WARPS": _TM_WARPS, "TM_EVAL_STORAGE": _TM_EVAL_STORAGE}, False),
         ("lddt", {"LDDT_WARPS": LDDT_WARPS}, False),
         ("consensus", {}, False),
+        ("tmalign", tmalign_gpu.defines(), False),
         ("attention", {}, False),  # bias_softmax_*
     ]
     out += [("attention", {"HEAD_DIM": d}, False) for d in HEAD_DIMS]  # flash_simt_*

@@ -7,9 +7,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._array import DEVICES, resolve_device
 from .._autograd import refuse_grad
-from ..errors import InputError, ProtgpuError
+from ..errors import InputError
 from .chains import chains_of
+from .gpu import tm_align_gpu
 from .numpy_twin import tm_align_pair
 
 NORMALIZATIONS = ("target", "mobile", "average", "shorter", "longer")
@@ -134,7 +136,8 @@ def tm_align(mobile, target, *, pairs=None, normalize_by=None, chain=None, devic
     chain : str, optional
         Chain identifier to align in every structure input (default: the first protein chain).
     device : {"auto", "cpu", "gpu"}
-        ``"auto"`` and ``"cpu"`` run the NumPy path; ``"gpu"`` is an error until the kernels exist.
+        ``"gpu"`` runs ``kernels/tmalign.cu`` (one thread block per pair, the same numbers), ``"cpu"``
+        the CPU path; ``"auto"`` the GPU when one is usable, else the CPU.
 
     Returns
     -------
@@ -146,8 +149,8 @@ def tm_align(mobile, target, *, pairs=None, normalize_by=None, chain=None, devic
     InputError
         A chain with fewer than 5 CA residues, bad arrays, unknown chain, bad ``pairs`` or
         ``normalize_by``.
-    ProtgpuError
-        ``device="gpu"``.
+    GPUUnavailableError
+        ``device="gpu"`` without a usable GPU.
 
     Examples
     --------
@@ -159,18 +162,18 @@ def tm_align(mobile, target, *, pairs=None, normalize_by=None, chain=None, devic
     (1.0, 40)
     """
     refuse_grad("pg.tm_align", mobile, target)
-    if device == "gpu":
-        raise ProtgpuError("tm_align: the GPU path is not built yet; use device='auto' or 'cpu'")
-    if device not in ("auto", "cpu"):
-        raise InputError(f"device must be one of auto, cpu, gpu, not {device!r}")
+    if device not in DEVICES:
+        raise InputError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
     mob = chains_of(mobile, "mobile", chain)
     tgt = chains_of(target, "target", chain)
     pp = _pairs(len(mob), len(tgt), pairs)
-    rows = []
-    for a, b in pp.tolist():
-        x, y = mob[a], tgt[b]
-        rows.append(tm_align_pair(x.ca, y.ca, x.sequence, y.sequence,
-                                  l_norm=_norm_length(normalize_by, len(x.ca), len(y.ca))))
+    l_norms = [_norm_length(normalize_by, len(mob[a].ca), len(tgt[b].ca)) for a, b in pp.tolist()]
+    if resolve_device(device) == "gpu":
+        rows = tm_align_gpu([c.ca for c in mob], [c.ca for c in tgt], [c.sequence for c in mob],
+                            [c.sequence for c in tgt], pp, l_norms)
+    else:
+        rows = [tm_align_pair(mob[a].ca, tgt[b].ca, mob[a].sequence, tgt[b].sequence, l_norm=ln)
+                for (a, b), ln in zip(pp.tolist(), l_norms, strict=True)]
     n = len(rows)
 
     def col(name, dtype=np.float64):

@@ -89,6 +89,8 @@ def _host_gamma_ptr(dev: int, gamma, H: int) -> int | None:
         key = (dev, H, gamma)
     elif isinstance(gamma, (tuple, list)):
         key = (dev, H, tuple(gamma))
+    elif type(gamma) is np.ndarray and gamma.dtype == np.float64:  # (no conversion: its bytes are the key)
+        key = (dev, H, gamma.shape, gamma.tobytes())
     else:
         try:
             g = np.asarray(to_numpy(gamma), dtype=np.float64)
@@ -118,21 +120,27 @@ def _torch_setup() -> dict:
     # generated code calls the same function.
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     _TORCH["stream"] = raw if raw is not None else (lambda i: torch.cuda.current_stream(i).cuda_stream)
-    return _TORCH["precision"]
+    _TORCH["torch"], _TORCH["T"] = torch, torch.Tensor
+    return _TORCH
 
 
-def _fast_torch(q, k, v, coords, gamma, cutoff, mask, scale):
-    import torch
+# Fast-path decisions of torch calls by signature: (device, and dtype and shape of each operand, mask,
+# gamma's kind, cutoff, scale, kernel overrides) -> (plan, gamma expanded from a scalar, gamma converted).
+# A hit skips the checks of _fast_torch_plan; what can change between calls with one signature (strides,
+# alignment, the values of a host gamma, the current device) is still looked at every call.
+_SIGS: dict = {}
 
-    precision = (_TORCH.get("precision") or _torch_setup()).get(q.dtype)
+
+def _fast_torch_plan(q, k, v, coords, gamma, cutoff, mask, devi, scale):
+    """The checks of a torch call's first time with its signature: (plan, expand, convert) for
+    :func:`_fast_torch`, or None for the general path."""
+    torch = _TORCH["torch"]
+    precision = _TORCH["precision"].get(q.dtype)
     if precision is None:
-        return None
-    dev = q.device
-    if dev.type != "cuda":
         return None
     T = torch.Tensor
     for t in (k, v, coords) if mask is None else (k, v, coords, mask):
-        if not isinstance(t, T) or t.device != dev:
+        if not isinstance(t, T) or not t.is_cuda or t.get_device() != devi:
             return None
     dt = q.dtype
     if k.dtype is not dt or v.dtype is not dt or (mask is not None and mask.dtype is not torch.bool):
@@ -140,47 +148,73 @@ def _fast_torch(q, k, v, coords, gamma, cutoff, mask, scale):
     shape = tuple(q.shape)
     if tuple(k.shape) != shape or tuple(v.shape) != shape or len(shape) not in (3, 4):
         return None
+    H = shape[-2]
+    expand = convert = False
+    if isinstance(gamma, T) and gamma.is_cuda:
+        if gamma.get_device() != devi or gamma.dim() not in (0, 1) or (gamma.dim() == 1 and tuple(gamma.shape) != (H,)):
+            return None
+        expand, convert = gamma.dim() == 0, gamma.dtype is not torch.float32
+    plan = _fast_plan(devi, precision, shape, tuple(coords.shape), None if mask is None else tuple(mask.shape),
+                      cutoff, scale)
+    return None if plan is None else (plan, expand, convert)
+
+
+def _fast_torch(q, k, v, coords, gamma, cutoff, mask, scale):
+    tc = _TORCH.get("T") and _TORCH or _torch_setup()
+    T = tc["T"]
+    if not q.is_cuda:
+        return None
+    devi = q.get_device()
+    try:
+        key = (devi, q.dtype, q.shape, k.dtype, k.shape, k.get_device(), v.dtype, v.shape, v.get_device(),
+               coords.dtype, coords.shape, coords.get_device(),
+               None if mask is None else (mask.dtype, mask.shape, mask.get_device()),
+               (gamma.dtype, gamma.shape, gamma.get_device()) if isinstance(gamma, T) else None, cutoff, scale,
+               tuple(sorted(_flash.FLASH_OVERRIDES.items())) if _flash.FLASH_OVERRIDES else ())
+        hit = _SIGS.get(key)
+    except (AttributeError, TypeError):  # an operand that is not a tensor; an unhashable cutoff or scale
+        return None
     import cupy
 
-    devi = dev.index
     if devi != cupy.cuda.runtime.getDevice():
         return None
-    H = shape[-2]
-    g = None
+    if hit is None:
+        hit = _fast_torch_plan(q, k, v, coords, gamma, cutoff, mask, devi, scale)
+        if hit is None:
+            return None
+        if len(_SIGS) >= _MAX_PLANS:
+            _SIGS.clear()
+        _SIGS[key] = hit
+    plan, expand, convert = hit
+    torch = tc["torch"]
     if isinstance(gamma, T) and gamma.is_cuda:
         # gamma on the device (an nn.Parameter): by pointer, never read on the host (that would
         # synchronise; so a negative value is not reported). Another dtype or a scalar is converted on the
-        # stream.
-        if gamma.device != dev:
-            return None
-        g = gamma  # requires no grad here, or grad mode is off (else the call took the op: api.needs_op)
-        if g.dim() == 0:
-            g = g.expand(H)
-        elif tuple(g.shape) != (H,):
-            return None
-        if g.dtype is not torch.float32 or not g.is_contiguous():
+        # stream. It requires no grad here, or grad mode is off (else the call took the op: needs_op).
+        g = gamma.expand(q.shape[-2]) if expand else gamma
+        if convert or not g.is_contiguous():
             g = g.to(torch.float32).contiguous()
         gptr = g.data_ptr()
     else:
-        gptr = _host_gamma_ptr(devi, gamma, H)
+        gptr = _host_gamma_ptr(devi, gamma, q.shape[-2])
         if gptr is None:
             return None
-    plan = _fast_plan(devi, precision, shape, tuple(coords.shape), None if mask is None else tuple(mask.shape),
-                      cutoff, scale)
-    if plan is None:
-        return None
-    # Copies (strided or misaligned operands, other coordinate or gamma dtypes) stay referenced until the
-    # launch is enqueued: freed earlier, their memory could be handed to the next copy before the kernel
-    # reads it.
-    ops = [t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
-           for t in (q, k, v)]  # cp.async reads 16-byte chunks
+    # Copies (strided or misaligned operands, other coordinate dtypes) stay referenced until the launch
+    # is enqueued: freed earlier, their memory could be handed to the next copy before the kernel reads
+    # it. cp.async reads 16-byte chunks.
+    if q.data_ptr() & 15 or not q.is_contiguous():
+        q = q.clone(memory_format=torch.contiguous_format)
+    if k.data_ptr() & 15 or not k.is_contiguous():
+        k = k.clone(memory_format=torch.contiguous_format)
+    if v.data_ptr() & 15 or not v.is_contiguous():
+        v = v.clone(memory_format=torch.contiguous_format)
     x = coords
     if x.dtype is not torch.float32 or not x.is_contiguous():
         x = x.to(torch.float32).contiguous()
     m = None if mask is None else mask.contiguous()
-    out = torch.empty(shape, dtype=dt, device=dev)
-    plan.launch(_TORCH["stream"](devi), devi, ops[0].data_ptr(), ops[1].data_ptr(), ops[2].data_ptr(),
-                x.data_ptr(), gptr, 0 if m is None else m.data_ptr(), out.data_ptr())
+    out = torch.empty_like(q)  # (q is contiguous here: so is out)
+    plan.launch(tc["stream"](devi), devi, q.data_ptr(), k.data_ptr(), v.data_ptr(), x.data_ptr(), gptr,
+                0 if m is None else m.data_ptr(), out.data_ptr())
     return out
 
 

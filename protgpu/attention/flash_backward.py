@@ -72,13 +72,18 @@ def bwd_config(precision: str, d: int) -> dict:
     return cfg
 
 
+_TORCH_PRECISION: dict = {}  # torch dtype -> precision name (made once: the op's every call asks)
+
+
 def _precision(a) -> str | None:
     """The precision name of a torch tensor or CuPy array the kernels take, else None."""
     if is_torch_tensor(a):
-        import torch
+        if not _TORCH_PRECISION:
+            import torch
 
-        return {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
-                torch.float64: "float64"}.get(a.dtype)
+            _TORCH_PRECISION.update({torch.bfloat16: "bfloat16", torch.float16: "float16",
+                                     torch.float32: "float32", torch.float64: "float64"})
+        return _TORCH_PRECISION.get(a.dtype)
     if is_cupy_array(a):
         name = a.dtype.name
         return name if name in _SUFFIX and a.dtype.itemsize in (2, 4, 8) else None
@@ -129,7 +134,9 @@ class _Lib:
 
             self.torch, self.cupy = torch, None
             self.dev = q.device
-            self.stream = torch.cuda.current_stream(q.device).cuda_stream
+            # the raw handle, without building a torch.cuda.Stream object (as fast.py; inductor does the same)
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            self.stream = raw(q.get_device()) if raw is not None else torch.cuda.current_stream(q.device).cuda_stream
         else:
             import cupy
 

@@ -3,4 +3,5 @@ its parser (``common`` are the parent parsers holding the shared batch options) 
 ``func=run`` where ``run(args) -> int`` is the exit code."""
 
 # Order is the order of ``protgpu --help``.
-COMMAND_MODULES = ["info", "kernels", "distances", "contacts", "rmsd", "score", "cluster", "align", "search", "db"]
+COMMAND_MODULES = ["info", "kernels", "distances", "contacts", "rmsd", "score", "cluster", "evaluate",
+                   "align", "search", "db"]

@@ -22,6 +22,7 @@ Identity is identical columns over aligned columns, in percent as OpenStructure 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -115,9 +116,11 @@ def protein_chains(info: mp.ResidueInfo) -> dict:
     return out
 
 
+@functools.lru_cache(maxsize=256)
 def align(seq_a: str, seq_b: str) -> tuple[np.ndarray, np.ndarray, float]:
     """Semi-globally align two sequences: aligned positions of each and the identity (percent of
-    aligned columns; 0 with none)."""
+    aligned columns; 0 with none). Cached: the many models of one design share their sequences (the
+    arrays returned are read-only)."""
     aln = mp.aligner(free_end_gaps=True).align(seq_a, seq_b)[0]
     ia, ib = [], []
     for (a0, a1), (b0, b1) in zip(*aln.aligned, strict=True):
@@ -128,7 +131,18 @@ def align(seq_a: str, seq_b: str) -> tuple[np.ndarray, np.ndarray, float]:
     if not len(ia):
         return ia, ib, 0.0
     same = np.frombuffer(seq_a.encode(), "S1")[ia] == np.frombuffer(seq_b.encode(), "S1")[ib]
-    return ia.astype(np.int64), ib.astype(np.int64), 100.0 * float(same.mean())
+    ia, ib = ia.astype(np.int64), ib.astype(np.int64)
+    ia.flags.writeable = ib.flags.writeable = False
+    return ia, ib, 100.0 * float(same.mean())
+
+
+#: A model chain maps only with this many aligned residues (or half the shorter chain, for peptides).
+MIN_ALIGNED = 10
+
+
+def _enough(aligned: np.ndarray, seq_a: str, seq_b: str) -> bool:
+    """Whether an alignment has enough aligned columns for its identity to mean anything."""
+    return len(aligned) >= min(MIN_ALIGNED, -(-min(len(seq_a), len(seq_b)) // 2))
 
 
 def _groups(seqs: dict) -> list[list[str]]:
@@ -254,14 +268,17 @@ def _map(mdl_s: Structure, ref_s: Structure, *, min_identity, chain_mapping, max
         # each model chain joins the group whose representative it resembles most
         members: dict = {i: [] for i in range(len(groups))}
         for mc in mch:
-            ids = [aln(g[0], mc)[2] for g in groups]
+            # identity over aligned columns counts only with enough of them: semi-global alignment
+            # of unrelated chains can align a handful of residues at 40 %
+            ids = [aln(g[0], mc)[2] if _enough(aln(g[0], mc)[0], mseq[mc], rseq[g[0]]) else 0.0
+                   for g in groups]
             best = int(np.argmax(ids))
             if ids[best] >= min_identity and ids[best] > 0:
                 members[best].append(mc)
         if not any(members.values()):
             raise InputError(f"{msrc}: no model chain maps to the reference {rsrc} (model chains "
                              f"{list(mch)}, reference chains {list(rch)}; sequence identity below "
-                             f"{min_identity:g}%)")
+                             f"{min_identity:g}% or fewer than {MIN_ALIGNED} aligned residues)")
         pairs, score = _assign(groups, members, mch, rch, aln, mdl_s, ref_s, max_naive)
     else:
         raise InputError(f"chain_mapping must be 'auto' or a dict {{reference chain: model chain}}, "

@@ -1,8 +1,8 @@
 """Design sanity metrics of one model: steric clashes, radius of gyration, residue counts per chain
 and at the interface, and buried interface contacts (``pg.design_sanity``).
 
-The contact machinery is protgpu's own: atom distances through :func:`protgpu.distances` (row blocks,
-so memory stays bounded), residue contacts through :func:`protgpu.contacts` (closest heavy atoms).
+Clashes and interface contacts are the pairs a k-d tree finds within the cutoff (scipy; the residue
+contacts are DockQ's helper in :mod:`.scores`).
 """
 
 from __future__ import annotations
@@ -20,29 +20,25 @@ __all__ = ["design_sanity"]
 #: about 2.5 A (the shortest hydrogen bonds, O...O); 2.2 A leaves those out and counts real overlaps.
 CLASH_CUTOFF = 2.2
 
-_ROW_BLOCK = 2048  # atom rows per distance block: 2048 x n float32 stays small for any complex
-
 
 def _clash_pairs(x: np.ndarray, res: np.ndarray, chain_code: np.ndarray, sg: np.ndarray, cutoff: float):
     """(i, j) heavy-atom pairs, i < j, closer than ``cutoff``: not in the same residue, not in
     sequence-adjacent residues of one chain (their peptide-bond atoms are 1.3-2.5 A apart), and not
-    two cysteine SG atoms (a disulfide bond is 2.05 A)."""
-    from ..distances import distances
+    two cysteine SG atoms (a disulfide bond is 2.05 A). A k-d tree finds the candidates (pairs within
+    ``cutoff``, O(n) for a packed structure instead of all n^2 distances); the strict ``<`` is tested
+    on their distances."""
+    from scipy.spatial import cKDTree
 
-    n = x.shape[0]
-    out_i, out_j = [], []
-    for start in range(0, n, _ROW_BLOCK):
-        stop = min(start + _ROW_BLOCK, n)
-        d = np.asarray(distances(x[start:stop], x[start:], device="cpu")).reshape(stop - start, n - start)
-        i, j = np.nonzero(d < cutoff)
-        i, j = i + start, j + start
-        keep = j > i
-        same_chain = chain_code[i] == chain_code[j]
-        keep &= ~(same_chain & (np.abs(res[i] - res[j]) <= 1))
-        keep &= ~(sg[i] & sg[j])
-        out_i.append(i[keep])
-        out_j.append(j[keep])
-    return np.concatenate(out_i), np.concatenate(out_j)
+    pairs = cKDTree(x).query_pairs(cutoff, output_type="ndarray")
+    if not len(pairs):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    pairs = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]  # row order, as a scan of the matrix gives
+    i, j = pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
+    keep = np.sqrt(((x[i] - x[j]) ** 2).sum(-1)) < cutoff
+    same_chain = chain_code[i] == chain_code[j]
+    keep &= ~(same_chain & (np.abs(res[i] - res[j]) <= 1))
+    keep &= ~(sg[i] & sg[j])
+    return i[keep], j[keep]
 
 
 def design_sanity(structure, *, clash_cutoff: float = CLASH_CUTOFF, interface_cutoff: float = 5.0,
@@ -58,7 +54,7 @@ def design_sanity(structure, *, clash_cutoff: float = CLASH_CUTOFF, interface_cu
         sequence-adjacent residues of one chain, and disulfide-bonded SG pairs.
     interface_cutoff : float
         Residues of different chains whose closest heavy atoms are closer than this (Angstrom) are in
-        contact (``protgpu.contacts`` with ``scheme="closest-heavy"``).
+        contact (any heavy-atom pair closer than it).
     frame : int
         Which frame of a multi-frame structure.
 
@@ -89,8 +85,6 @@ def design_sanity(structure, *, clash_cutoff: float = CLASH_CUTOFF, interface_cu
     ({'A': 306, 'B': 395, '_': 2}, 0, 27.6)
     """
     refuse_grad("pg.design_sanity", structure)
-    from ..contacts import contacts
-
     s = as_structure(structure, "structure")
     where = s.source or "structure"
     if not clash_cutoff > 0 or not interface_cutoff > 0:
@@ -128,17 +122,25 @@ def design_sanity(structure, *, clash_cutoff: float = CLASH_CUTOFF, interface_cu
         "radius_of_gyration": rg(x),
         "chain_radius_of_gyration": {c: rg(x[chain == c]) for c in ids},
     }
-    # interface: residue contacts between chains, closest heavy atoms (protgpu.contacts)
+    # interface: residue pairs of different chains with heavy atoms closer than the cutoff (the k-d tree
+    # residue contacts DockQ counts, chain pair by chain pair: the inter-chain pairs alone, not the
+    # whole residue matrix protgpu.contacts would build)
     iface = {c: 0 for c in ids}
     n_contacts = n_buried = 0
     if len(ids) > 1:
+        from itertools import combinations
+
+        from .scores import _contacts
+
         sub = s.frames([frame]).select(idx)
-        cm = contacts(sub, scheme="closest-heavy", cutoff=float(interface_cutoff), min_separation=1,
-                      residues="all", output="pairs", device="cpu")
+        sres = sub.atoms.residue_index
         rchain = sub.residues.chain
-        ri, rj = np.asarray(cm.pairs.i), np.asarray(cm.pairs.j)
-        between = rchain[ri] != rchain[rj]
-        ri, rj = ri[between], rj[between]
+        found = set()
+        for p, q in combinations(ids, 2):
+            found |= _contacts(x, np.flatnonzero(chain == p), np.flatnonzero(chain == q), sres,
+                               float(interface_cutoff))
+        pairs = np.asarray(sorted(found), dtype=np.int64).reshape(-1, 2)
+        ri, rj = pairs[:, 0], pairs[:, 1]
         n_contacts = int(ri.size)
         for r in np.unique(np.concatenate([ri, rj])):
             iface[str(rchain[r])] += 1

@@ -19,7 +19,7 @@ from .._autograd import refuse_grad
 from .._inputs import source_name
 from ..errors import InputError
 from ..scoring import _mapping as mp
-from ..scoring.lddt import lddt, lddt_counts_numpy, lddt_inputs, lddt_scores
+from ..scoring.lddt import lddt, lddt_counts_numpy, lddt_scores
 from ..scoring.tmscore import tm_score
 from ..superpose import superpose
 from ._cleanup import clean
@@ -63,8 +63,7 @@ def representative_atoms(info: mp.ResidueInfo, residues: np.ndarray) -> np.ndarr
 
 def heavy_atoms(s, info: mp.ResidueInfo, residues: np.ndarray) -> np.ndarray:
     """Heavy atoms of the given residues."""
-    el = np.char.upper(s.atoms.element)
-    keep = (el != "H") & (el != "D") & np.isin(info.atom_residue, residues)
+    keep = ~np.isin(s.atoms.element, ("H", "D", "h", "d")) & np.isin(info.atom_residue, residues)
     return np.flatnonzero(keep)
 
 
@@ -82,7 +81,7 @@ class _QSChains:
 
     def __init__(self, s, info, chains: dict):
         xyz = np.asarray(s.coords[0], dtype=np.float64)
-        self.res, self.pos = {}, {}
+        self.res, self.pos, self._dist = {}, {}, {}
         for c, res in chains.items():
             rep = representative_atoms(info, res)
             self.res[c] = res[rep >= 0]
@@ -92,8 +91,12 @@ class _QSChains:
                            if (self.dist(a, b) < QS_CONTACT).any()]
 
     def dist(self, a, b) -> np.ndarray:
-        pa, pb = self.pos[a], self.pos[b]
-        return np.sqrt(((pa[:, None, :] - pb[None, :, :]) ** 2).sum(-1))
+        """Representative-atom distances between chains a and b (computed once: the reference's serve
+        every model, a model's both the interface search and the scores)."""
+        if (a, b) not in self._dist:
+            pa, pb = self.pos[a], self.pos[b]
+            self._dist[a, b] = np.sqrt(((pa[:, None, :] - pb[None, :, :]) ** 2).sum(-1))
+        return self._dist[a, b]
 
 
 def _qs_interface(ref: _QSChains, mdl: _QSChains, r_int, m_int, mapping: ChainMapping):
@@ -193,58 +196,91 @@ def _bb_pairs(minfo, rinfo, mres, rres):
     return mt[ok], rt[ok]
 
 
-def _fit_rmsd(mx, rx, fit_m, fit_r, meas_m=None, meas_r=None) -> float:
-    """RMSD on the measured atoms after superposing the fitted ones (the measured = fitted by default)."""
-    if len(fit_m) < 3:
-        return 0.0  # OpenStructure's and DockQ's convention: too few atoms to superpose
+def _fit_rmsd(mx, rx, fit_m, fit_r, meas_m=None, meas_r=None, device: str = "cpu") -> np.ndarray:
+    """RMSD (M,) on the measured atoms after superposing the fitted ones (the measured = fitted by
+    default), for models ``mx`` of shape (M, N, 3): one batched :func:`protgpu.superpose` call."""
+    m = mx.shape[0]
+    if len(fit_m) < 3 or (meas_m is not None and not len(meas_m)):
+        return np.zeros(m)  # OpenStructure's and DockQ's convention: too few atoms to superpose
     if meas_m is None:
-        return float(superpose(mx[fit_m], rx[fit_r], device="cpu").rmsd[0])
-    res = superpose(mx[fit_m], rx[fit_r], device="cpu")
-    moved = mx[meas_m] @ res.rotation[0].T + res.translation[0]
-    return float(np.sqrt(((moved - rx[meas_r]) ** 2).sum(-1).mean())) if len(meas_m) else 0.0
+        return _host(superpose(mx[:, fit_m], rx[fit_r], device=device).rmsd)
+    n = len(fit_m)
+    both_m, both_r = np.concatenate([fit_m, meas_m]), np.concatenate([fit_r, meas_r])
+    res = superpose(mx[:, both_m], rx[both_r], fit=np.arange(n), atoms=np.arange(n, len(both_m)), device=device)
+    return _host(res.rmsd)
+
+
+class _NativeInterface:
+    """What DockQ needs of one reference interface (r1, r2), computed once per reference: the native
+    residue contacts and the interface residues of iRMSD."""
+
+    def __init__(self, ref_s, r1: str, r2: str):
+        rinfo = mp.residue_info(ref_s)
+        rch = protein_chains(rinfo)
+        rx = np.asarray(ref_s.coords[0], np.float64)
+        ra1, ra2 = heavy_atoms(ref_s, rinfo, rch[r1]), heavy_atoms(ref_s, rinfo, rch[r2])
+        self.native = _contacts(rx, ra1, ra2, rinfo.atom_residue, DOCKQ_CONTACT)
+        self.interface = sorted(_near(rx, ra1, ra2, rinfo.atom_residue, DOCKQ_INTERFACE)
+                                | _near(rx, ra2, ra1, rinfo.atom_residue, DOCKQ_INTERFACE))
+        self.r1_larger = len(rch[r1]) > len(rch[r2])  # the receptor of LRMSD: the larger chain
+        self.n_ref_residues = len(rinfo.resid)
+
+
+def _dockq_contacts(mdl_s, x, nat: _NativeInterface, mapping: ChainMapping, r1: str, r2: str) -> dict:
+    """fnat, fnonnat, nnat and nmdl of one model (coordinates ``x``, (N, 3)) at the reference interface
+    (r1, r2): residue pairs with heavy atoms within 5 A, the model's residues read through the mapping."""
+    minfo = mp.residue_info(mdl_s)
+    mch = protein_chains(minfo)
+    p1, p2 = mapping.residues[r1], mapping.residues[r2]
+    # model residue -> reference residue; unmapped model residues get keys no reference residue has
+    to_ref = np.arange(len(minfo.resid), dtype=np.int64) + nat.n_ref_residues
+    to_ref[p1[:, 0]], to_ref[p2[:, 0]] = p1[:, 1], p2[:, 1]
+    ma1 = heavy_atoms(mdl_s, minfo, mch[mapping.chains[r1]])
+    ma2 = heavy_atoms(mdl_s, minfo, mch[mapping.chains[r2]])
+    mdl = {(int(to_ref[a]), int(to_ref[b]))
+           for a, b in _contacts(np.asarray(x, np.float64), ma1, ma2, minfo.atom_residue, DOCKQ_CONTACT)}
+    nnat = len(nat.native)
+    return {"fnat": len(nat.native & mdl) / nnat if nnat else 0.0,
+            "fnonnat": len(mdl - nat.native) / len(mdl) if mdl else 0.0,
+            "nnat": float(nnat), "nmdl": float(len(mdl))}
+
+
+def _dockq_rmsds(mdl_s, xs: np.ndarray, ref_s, nat: _NativeInterface, mapping: ChainMapping, r1: str, r2: str,
+                 device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+    """iRMSD and LRMSD (M,) of models of one atom table and mapping (``xs`` (M, N, 3)): one batched
+    :func:`protgpu.superpose` call each.
+
+    iRMSD: backbone (N, CA, C, O) RMSD of the reference's interface residues (any heavy atom within 10 A
+    of the partner chain) that are mapped, after superposing them; LRMSD: backbone RMSD of the ligand
+    (the reference chain with fewer residues) after superposing the receptor.
+    """
+    minfo, rinfo = mp.residue_info(mdl_s), mp.residue_info(ref_s)
+    rx = np.asarray(ref_s.coords[0], np.float64)
+    xs = np.asarray(xs, np.float64)
+    p1, p2 = mapping.residues[r1], mapping.residues[r2]
+    both = np.concatenate([p1, p2])
+    sel = both[np.isin(both[:, 1], nat.interface)]
+    fm, fr = _bb_pairs(minfo, rinfo, sel[:, 0], sel[:, 1])
+    irmsd = _fit_rmsd(xs, rx, fm, fr, device=device)
+    rec, lig = (p1, p2) if nat.r1_larger else (p2, p1)
+    fm, fr = _bb_pairs(minfo, rinfo, rec[:, 0], rec[:, 1])
+    lm, lr = _bb_pairs(minfo, rinfo, lig[:, 0], lig[:, 1])
+    return irmsd, _fit_rmsd(xs, rx, fm, fr, lm, lr, device=device)
+
+
+def dockq_formula(fnat, irmsd, lrmsd):
+    """DockQ = (fnat + 1/(1+(iRMSD/1.5)^2) + 1/(1+(LRMSD/8.5)^2)) / 3 (Basu & Wallner 2016)."""
+    return (fnat + 1.0 / (1.0 + (irmsd / 1.5) ** 2) + 1.0 / (1.0 + (lrmsd / 8.5) ** 2)) / 3.0
 
 
 def dockq(mdl_s, ref_s, mapping: ChainMapping, r1: str, r2: str) -> dict:
-    """DockQ of the reference interface (r1, r2) and its parts (fnat, iRMSD, LRMSD, nnat, nmdl).
-
-    Contacts: residue pairs with heavy atoms within 5 A, model residues counted through the mapping;
-    iRMSD: backbone (N, CA, C, O) RMSD of the reference's interface residues (any heavy atom within 10 A
-    of the partner chain) that are mapped, after superposing them; LRMSD: backbone RMSD of the ligand
-    (the reference chain with fewer residues) after superposing the receptor; DockQ = (fnat +
-    1/(1+(iRMSD/1.5)^2) + 1/(1+(LRMSD/8.5)^2)) / 3.
-    """
-    minfo, rinfo = mp.residue_info(mdl_s), mp.residue_info(ref_s)
-    rch, mch = protein_chains(rinfo), protein_chains(minfo)
-    m1, m2 = mapping.chains[r1], mapping.chains[r2]
-    rx = np.asarray(ref_s.coords[0], np.float64)
-    mx = np.asarray(mdl_s.coords[0], np.float64)
-    p1, p2 = mapping.residues[r1], mapping.residues[r2]
-    # model residue -> reference residue; unmapped model residues get keys no reference residue has
-    to_ref = np.arange(len(minfo.resid), dtype=np.int64) + len(rinfo.resid)
-    to_ref[p1[:, 0]], to_ref[p2[:, 0]] = p1[:, 1], p2[:, 1]
-    ra1, ra2 = heavy_atoms(ref_s, rinfo, rch[r1]), heavy_atoms(ref_s, rinfo, rch[r2])
-    ma1, ma2 = heavy_atoms(mdl_s, minfo, mch[m1]), heavy_atoms(mdl_s, minfo, mch[m2])
-    nat = _contacts(rx, ra1, ra2, rinfo.atom_residue, DOCKQ_CONTACT)
-    mdl = {(int(to_ref[a]), int(to_ref[b]))
-           for a, b in _contacts(mx, ma1, ma2, minfo.atom_residue, DOCKQ_CONTACT)}
-    nnat, nmdl = len(nat), len(mdl)
-    fnat = len(nat & mdl) / nnat if nnat else 0.0
-    fnonnat = len(mdl - nat) / nmdl if nmdl else 0.0
-    # iRMSD on the reference's interface residues that are mapped
-    iface = _near(rx, ra1, ra2, rinfo.atom_residue, DOCKQ_INTERFACE) | \
-        _near(rx, ra2, ra1, rinfo.atom_residue, DOCKQ_INTERFACE)
-    both = np.concatenate([p1, p2])
-    sel = both[np.isin(both[:, 1], sorted(iface))]
-    fm, fr = _bb_pairs(minfo, rinfo, sel[:, 0], sel[:, 1])
-    irmsd = _fit_rmsd(mx, rx, fm, fr)
-    # LRMSD: superpose the receptor (the larger reference chain), measure the ligand
-    rec, lig = (p1, p2) if len(rch[r1]) > len(rch[r2]) else (p2, p1)
-    fm, fr = _bb_pairs(minfo, rinfo, rec[:, 0], rec[:, 1])
-    lm, lr = _bb_pairs(minfo, rinfo, lig[:, 0], lig[:, 1])
-    lrmsd = _fit_rmsd(mx, rx, fm, fr, lm, lr)
-    score = (fnat + 1.0 / (1.0 + (irmsd / 1.5) ** 2) + 1.0 / (1.0 + (lrmsd / 8.5) ** 2)) / 3.0
-    return {"dockq": score, "fnat": fnat, "fnonnat": fnonnat, "irmsd": irmsd, "lrmsd": lrmsd,
-            "nnat": nnat, "nmdl": nmdl}
+    """DockQ of the reference interface (r1, r2) of one model (its first frame) and its parts: floats."""
+    nat = _NativeInterface(ref_s, r1, r2)
+    d = _dockq_contacts(mdl_s, mdl_s.coords[0], nat, mapping, r1, r2)
+    i, lr = _dockq_rmsds(mdl_s, mdl_s.coords[:1], ref_s, nat, mapping, r1, r2)
+    d.update(irmsd=float(i[0]), lrmsd=float(lr[0]), dockq=float(dockq_formula(d["fnat"], i[0], lr[0])))
+    d["nnat"], d["nmdl"] = int(d["nnat"]), int(d["nmdl"])
+    return d
 
 
 def native_interfaces(ref_s) -> list[tuple[str, str]]:
@@ -262,9 +298,16 @@ def native_interfaces(ref_s) -> list[tuple[str, str]]:
 # lDDT restricted to inter-chain pairs
 
 
-def interface_lddt(model, ref_s, pairs: np.ndarray) -> float:
-    """lDDT over the reference's inter-chain atom pairs only (OpenStructure's ``no_intrachain``)."""
-    ref, coords, _ = lddt_inputs(model, ref_s, mapping=pairs)
+def interface_lddt(model, ref_s, pairs: np.ndarray, device: str = "cpu") -> np.ndarray:
+    """lDDT (M,) over the reference's inter-chain atom pairs only (OpenStructure's ``no_intrachain``),
+    of every frame of ``model``: lDDT's NumPy twin on the CPU, its CUDA kernel on the GPU (one launch)."""
+    from .._array import dispatch, to_numpy
+    from ..scoring import _batch, _fast
+    from ..scoring.lddt import _prepare, lddt_counts_cuda
+
+    be = dispatch(model, ref_s, device=device)
+    ref, batch, _, _ = _prepare(model, ref_s, "heavy", 15.0, pairs, be,
+                                _batch.work_dtype(model, ref_s) if be.on_gpu else np.dtype(np.float64))
     chain_of_res = np.asarray([lab.rsplit(":", 1)[0] for lab in ref.labels])
     ach = chain_of_res[ref.atom_res]
     inter = ach[ref.pairs[:, 0]] != ach[ref.pairs[:, 1]]
@@ -272,9 +315,14 @@ def interface_lddt(model, ref_s, pairs: np.ndarray) -> float:
     n_exp = np.bincount(ref.atom_res[p[:, 0]], minlength=ref.n_res) + \
         np.bincount(ref.atom_res[p[:, 1]], minlength=ref.n_res)
     sub = replace(ref, pairs=p, dref=ref.dref[inter], n_exp=n_exp.astype(np.int64), _device={})
-    counts = lddt_counts_numpy(np.asarray(coords, np.float64), sub)
-    glob, _ = lddt_scores(counts, sub, 4)
-    return float(glob[0])
+    if be.on_gpu:
+        counts = lddt_counts_cuda(batch.coords, sub)
+    elif _fast.enabled():  # the compiled twin (integer counts: the same as the NumPy twin's)
+        counts = _fast.lddt_counts(np.asarray(batch.coords, np.float64), sub)
+    else:
+        counts = lddt_counts_numpy(np.asarray(batch.coords, np.float64), sub)
+    glob, _ = lddt_scores(counts, sub, 4, be.xp)
+    return np.asarray(to_numpy(glob), np.float64).reshape(-1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -293,7 +341,147 @@ def _model_frames(models, ref_s):
     return out
 
 
-def score_complex(models, reference, *, metrics=METRICS, chain_mapping="auto", min_identity: float = 30.0):
+class ComplexReference:
+    """A reference complex prepared once for many models: cleaned (:mod:`._cleanup`), its DockQ
+    interfaces and its QS-score representative atoms (only what ``metrics`` need).
+
+    Parameters
+    ----------
+    reference : Structure or path
+    metrics : sequence of str
+        Any of :data:`METRICS`.
+    """
+
+    def __init__(self, reference, metrics=METRICS):
+        self.metrics = tuple(metrics)
+        bad = [m for m in self.metrics if m not in METRICS]
+        if bad:
+            raise InputError(f"metrics: unknown {bad}; choose from {list(METRICS)}")
+        self.raw = reference_structure(reference)
+        self.structure = clean(self.raw)
+        self.interfaces = native_interfaces(self.structure) if "dockq" in self.metrics else []
+        self.native = {(a, b): _NativeInterface(self.structure, a, b) for a, b in self.interfaces}
+        rinfo = mp.residue_info(self.structure)
+        want_qs = "qs_global" in self.metrics or "qs_best" in self.metrics
+        self.qs = _QSChains(self.structure, rinfo, protein_chains(rinfo)) if want_qs else None
+
+
+def map_model(model_s, ref: ComplexReference, *, chain_mapping="auto", min_identity: float = 30.0):
+    """(cleaned model Structure, :class:`ChainMapping`) of one model frame against a prepared reference."""
+    s = clean(model_s)
+    return s, _map(s, ref.structure, min_identity=min_identity, chain_mapping=chain_mapping, max_naive=40320)
+
+
+#: The per-interface DockQ columns of :func:`score_complex`, shape (M, I) each.
+DOCKQ_PARTS = ("dockq_per_interface", "fnat", "fnonnat", "irmsd", "lrmsd", "nnat", "nmdl")
+
+
+def _topology_key(s, cm: ChainMapping) -> tuple:
+    """Models with equal keys share an atom table and a mapping: their scores are one batched call."""
+    import hashlib
+
+    a = s.atoms
+    h = hashlib.sha1()
+    for arr in (a.name, a.resname, a.chain, a.resid, a.icode, a.element):
+        h.update(np.ascontiguousarray(arr).tobytes())
+    h.update(np.ascontiguousarray(cm.residue_pairs()).tobytes())
+    return (s.n_atoms, h.hexdigest(), tuple(sorted(cm.chains.items())))
+
+
+def _host(v) -> np.ndarray:
+    """A result of a scorer (a float, a NumPy or CuPy array) as a float64 host array of shape (M,)."""
+    from .._array import to_numpy
+
+    return np.atleast_1d(np.asarray(to_numpy(v) if not np.isscalar(v) else v, np.float64))
+
+
+def host_scores(structure, mapping: ChainMapping, ref: ComplexReference) -> dict:
+    """The per-model parts of the scores, counted on the CPU (a parse worker can do them): QS_global and
+    QS_best, and per reference interface (I,) fnat, fnonnat, nnat and nmdl (NaN where not mapped)."""
+    out: dict = {}
+    if ref.qs is not None:
+        minfo = mp.residue_info(structure)
+        out["qs_global"], out["qs_best"] = qs_score(ref.qs, _QSChains(structure, minfo, protein_chains(minfo)),
+                                                    mapping)
+    if "dockq" in ref.metrics:
+        parts = {p: np.full(len(ref.interfaces), np.nan) for p in ("fnat", "fnonnat", "nnat", "nmdl")}
+        for i, (a, b) in enumerate(ref.interfaces):
+            if a in mapping.chains and b in mapping.chains:
+                d = _dockq_contacts(structure, structure.coords[0], ref.native[a, b], mapping, a, b)
+                for p, v in d.items():
+                    parts[p][i] = v
+        out.update(parts)
+    return out
+
+
+def score_mapped(structures: list, mappings: list, ref: ComplexReference, device: str = "cpu",
+                 host: list | None = None) -> dict:
+    """The scores of cleaned, mapped model frames (see :func:`score_complex` for the columns).
+
+    Models of one atom table and one mapping (the many models of one design, a trajectory) are stacked
+    and scored together: one :func:`protgpu.lddt` call per lDDT flavour, one :func:`protgpu.tm_score`,
+    one interface-lDDT launch and one batched superposition per DockQ RMSD; on the GPU when ``device``
+    says so. QS-score and the DockQ contacts are counted per model on the CPU (:func:`host_scores`;
+    ``host`` holds them when a caller counted them already, one dict per model).
+    """
+    from ..structure.core import Structure
+
+    metrics = ref.metrics
+    m = len(structures)
+    host = host if host is not None else [host_scores(s, cm, ref) for s, cm in zip(structures, mappings, strict=True)]
+    table: dict = {k: np.full(m, np.nan) for k in metrics}
+    for k in ("qs_global", "qs_best"):
+        if k in metrics:
+            table[k] = np.asarray([h[k] for h in host], np.float64)
+    ifaces = ref.interfaces
+    if "dockq" in metrics:
+        table["interfaces"] = list(ifaces)
+        for p in DOCKQ_PARTS:
+            table[p] = np.full((m, len(ifaces)), np.nan)
+        for p in ("fnat", "fnonnat", "nnat", "nmdl"):
+            table[p] = np.asarray([h[p] for h in host], np.float64).reshape(m, len(ifaces))
+    want_tm = any(k in metrics for k in ("tm_score", "gdtts", "gdtha", "rmsd"))
+    groups: dict = {}
+    seen: dict = {}  # (atom table, mapping) objects already keyed: the frames of one input share them
+    for k, (s, cm) in enumerate(zip(structures, mappings, strict=True)):
+        ids = (id(s.atoms), id(cm))
+        if ids not in seen:
+            seen[ids] = _topology_key(s, cm)
+        groups.setdefault(seen[ids], []).append(k)
+    ref_s = ref.structure
+    for idx in groups.values():
+        first, cm = structures[idx[0]], mappings[idx[0]]
+        xs = np.stack([np.asarray(structures[k].coords[0]) for k in idx])
+        stack = first if len(idx) == 1 else Structure(xs, first.atoms, source=first.source)
+        rp = cm.residue_pairs()
+        if "lddt" in metrics:
+            table["lddt"][idx] = _host(lddt(stack, ref_s, mapping=rp, device=device))
+        if "bb_lddt" in metrics:
+            table["bb_lddt"][idx] = _host(lddt(stack, ref_s, atoms="ca", mapping=rp, device=device))
+        if "ilddt" in metrics:
+            table["ilddt"][idx] = interface_lddt(stack, ref_s, rp, device=device)
+        if want_tm:
+            t = tm_score(stack, ref_s, mapping=rp, device=device)
+            for col, v in (("tm_score", t.tm), ("gdtts", t.gdt_ts), ("gdtha", t.gdt_ha), ("rmsd", t.rmsd)):
+                if col in metrics:
+                    table[col][idx] = _host(v)
+        if "dockq" in metrics:
+            total = np.zeros(len(idx))
+            for i, (a, b) in enumerate(ifaces):
+                if a in cm.chains and b in cm.chains:
+                    ir, lr = _dockq_rmsds(first, xs, ref_s, ref.native[a, b], cm, a, b, device=device)
+                    table["irmsd"][idx, i], table["lrmsd"][idx, i] = ir, lr
+                    d = dockq_formula(table["fnat"][idx, i], ir, lr)
+                    table["dockq_per_interface"][idx, i] = d
+                    total += d
+            # DockQ v2: the mean over every reference interface, an unmapped one counting 0
+            table["dockq"][idx] = total / len(ifaces) if ifaces else np.nan
+    table["chain_mapping"] = list(mappings)
+    return table
+
+
+def score_complex(models, reference, *, metrics=METRICS, chain_mapping="auto", min_identity: float = 30.0,
+                  device: str = "auto"):
     """Score model complexes against a reference complex: one row per model.
 
     Parameters
@@ -310,6 +498,10 @@ def score_complex(models, reference, *, metrics=METRICS, chain_mapping="auto", m
         As :func:`protgpu.map_chains`; a dict ``{reference chain: model chain}`` is used for every model.
     min_identity : float
         As :func:`protgpu.map_chains`.
+    device : {"auto", "cpu", "gpu"}
+        Where lDDT, TM-score/GDT/RMSD and the DockQ superpositions run. Models of one atom table and
+        one mapping are scored in one batched call per metric (on the GPU: one kernel launch each); the
+        chain mapping, QS-score and the DockQ contacts are counted on the CPU.
 
     Returns
     -------
@@ -334,61 +526,18 @@ def score_complex(models, reference, *, metrics=METRICS, chain_mapping="auto", m
     (0.559, 5.533, [('A', 'B')])
     """
     refuse_grad("pg.score_complex", models, reference)
-    metrics = tuple(metrics)
-    bad = [m for m in metrics if m not in METRICS]
-    if bad:
-        raise InputError(f"metrics: unknown {bad}; choose from {list(METRICS)}")
-    ref_raw = reference_structure(reference)
+    ref = ComplexReference(reference, metrics)
     # bare arrays hold the reference's atoms as given: take them before cleaning
-    frames = [(clean(s), n) for s, n in _model_frames(models, ref_raw)]
-    ref_s = clean(ref_raw)
-    table: dict = {"model": np.asarray([n for _, n in frames], dtype=object)}
-    for m in metrics:
-        table[m] = np.full(len(frames), np.nan)
-    want_tm = any(m in metrics for m in ("tm_score", "gdtts", "gdtha", "rmsd"))
-    want_qs = "qs_global" in metrics or "qs_best" in metrics
-    ifaces = native_interfaces(ref_s) if "dockq" in metrics else []
-    parts = ("dockq_per_interface", "fnat", "fnonnat", "irmsd", "lrmsd", "nnat", "nmdl")
-    if "dockq" in metrics:
-        table["interfaces"] = ifaces
-        for p in parts:
-            table[p] = np.full((len(frames), len(ifaces)), np.nan)
-    rinfo = mp.residue_info(ref_s)
-    ref_qs = _QSChains(ref_s, rinfo, protein_chains(rinfo)) if want_qs else None
-    mappings = []
-    for k, (s, _) in enumerate(frames):
-        cm = _map(s, ref_s, min_identity=min_identity, chain_mapping=chain_mapping, max_naive=40320)
-        mappings.append(cm)
-        rp = cm.residue_pairs()
-        if "lddt" in metrics:
-            table["lddt"][k] = lddt(s, ref_s, mapping=rp, device="cpu")
-        if "bb_lddt" in metrics:
-            table["bb_lddt"][k] = lddt(s, ref_s, atoms="ca", mapping=rp, device="cpu")
-        if "ilddt" in metrics:
-            table["ilddt"][k] = interface_lddt(s, ref_s, rp)
-        if want_tm:
-            t = tm_score(s, ref_s, mapping=rp, device="cpu")
-            for col, v in (("tm_score", t.tm), ("gdtts", t.gdt_ts), ("gdtha", t.gdt_ha), ("rmsd", t.rmsd)):
-                if col in metrics:
-                    table[col][k] = v
-        if want_qs:
-            minfo = mp.residue_info(s)
-            g, b = qs_score(ref_qs, _QSChains(s, minfo, protein_chains(minfo)), cm)
-            if "qs_global" in metrics:
-                table["qs_global"][k] = g
-            if "qs_best" in metrics:
-                table["qs_best"][k] = b
-        if "dockq" in metrics:
-            vals = []
-            for i, (a, b) in enumerate(ifaces):
-                if a in cm.chains and b in cm.chains:
-                    d = dockq(s, ref_s, cm, a, b)
-                    d["dockq_per_interface"] = d.pop("dockq")
-                    for p in parts:
-                        table[p][k, i] = d[p]
-                    vals.append(d["dockq_per_interface"])
-                else:
-                    vals.append(0.0)
-            table["dockq"][k] = float(np.mean(vals)) if vals else np.nan
-    table["chain_mapping"] = mappings
+    frames = _model_frames(models, ref.raw)
+    mapped = [map_model(s, ref, chain_mapping=chain_mapping, min_identity=min_identity) for s, _ in frames]
+    be_device = _device(device)
+    table = {"model": np.asarray([n for _, n in frames], dtype=object)}
+    table.update(score_mapped([s for s, _ in mapped], [cm for _, cm in mapped], ref, be_device))
     return table
+
+
+def _device(device: str) -> str:
+    """"cpu" or "gpu" for ``device`` ("auto": the GPU when there is one)."""
+    from .._array import dispatch
+
+    return "gpu" if dispatch(device=device).on_gpu else "cpu"

@@ -18,8 +18,15 @@ from ..errors import InputError, MemoryBudgetError
 from . import kernels, streaming
 from ._prepare import float_dtype
 
-#: Largest GEMM panel :func:`pairwise_tiles_cuda` makes (its 3x3 blocks), bytes.
+#: Largest GEMM panel (its 3x3 blocks) the device paths make, bytes.
 TILE_PANEL_BYTES = 8 << 30
+
+
+def panel_bytes(free: int) -> int:
+    """Bytes one GEMM panel may take out of ``free`` device bytes: half (cuBLAS takes its workspace beside
+    the panel: a 100,000-frame GROMOS run asked for 54 GB of workspace after a 121 GB panel), and at most
+    :data:`TILE_PANEL_BYTES` (wider GEMMs are no faster)."""
+    return min(max(int(free), 0) // 2, TILE_PANEL_BYTES)
 
 
 def gpu_tile_size(f, g, prec_size, out_size, budget, fixed):
@@ -185,10 +192,7 @@ def pairwise_tiles_cuda(x, *, fit=None, weights=None, precision="float64", tile=
     t = int(tile) if tile else gpu_tile_size(f, f, plan.prec.itemsize, plan.odt.itemsize, budget, plan.fixed)
     t = max(1, min(t, f, 65535 * kernels.PAIR_BLOCK[1]))
     buf = cp.empty(t * t, dtype=plan.odt)
-    # Panels of at most half the rest (cuBLAS takes its workspace beside them: a 100,000-frame GROMOS run
-    # asked for 54 GB of workspace after a 121 GB panel) and at most TILE_PANEL_BYTES (wider GEMMs are no
-    # faster).
-    avail = min(max(budget - plan.fixed - buf.nbytes, 0) // 2, TILE_PANEL_BYTES)
+    avail = panel_bytes(budget - plan.fixed - buf.nbytes)
     blocks = None
     for i0, i1, p0, p1 in streaming.panels(plan, t, avail):
         blocks = None  # one panel alive at a time
@@ -229,7 +233,7 @@ def pairwise_cuda(x, y=None, *, fit=None, weights=None, precision="float64", out
             f"budget ({format_bytes(budget)}); pass out= (an np.memmap or Zarr array) to stream it")
     if resident:
         dst = cp.empty(shape, dtype=odt)
-        avail = budget - plan.fixed - result_bytes
+        avail = panel_bytes(budget - plan.fixed - result_bytes)
         if tile:
             rows = cols = max(1, min(int(tile), max(f, g)))
         else:
@@ -299,7 +303,7 @@ def pairwise_rows_cuda(plan: PairPlan, idx, out_dtype=np.float64):
     sub.a = plan.a[(3 * idx[:, None] + cp.arange(3)).reshape(-1)]
     sub.ga, sub.f, sub.symmetric = plan.ga[idx], m, False
     dst = cp.empty((m, plan.g), dtype=plan.odt)
-    avail = max(device_budget_bytes() // 2, 9 * m * 32 * plan.prec.itemsize)
+    avail = max(panel_bytes(device_budget_bytes()), 9 * m * 32 * plan.prec.itemsize)
     p0 = 0
     while p0 < plan.g:
         p1 = p0 + sub.panel_cols(m, avail, 32, p0)

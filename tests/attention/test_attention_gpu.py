@@ -363,6 +363,33 @@ def test_fast_path_gamma_and_scale_are_not_mixed_up_between_calls(gpu, datasets)
         assert err(got, ref) < 4e-3, (gamma, scale)
 
 
+def test_fast_path_signature_cache_rechecks_what_varies_per_call(gpu, datasets):
+    """The fast path keeps its decisions per signature (dtypes, shapes, devices, cutoff, scale); what may
+    change between calls of one signature is looked at every call: strides and alignment (a strided or
+    misaligned q of the same shape is copied), host gamma values, a device gamma's dtype or rank. Every
+    variant equals the general path's result (host coordinates: no fast path)."""
+    torch = pytest.importorskip("torch")
+    q, k, v, x, _ = real_problem(datasets, B=2)
+    qt, kt, vt = (torch.from_numpy(a).to("cuda", torch.bfloat16) for a in (q, k, v))
+    xt = torch.from_numpy(x).cuda()
+    H = q.shape[2]
+    base = torch.empty(qt.numel() + 8, dtype=torch.bfloat16, device="cuda")
+    shifted = base[1:1 + qt.numel()].view(qt.shape)  # 2-byte offset: not 16-byte aligned
+    shifted.copy_(qt)
+    strided = torch.empty((*qt.shape[:-1], 2 * qt.shape[-1]), dtype=torch.bfloat16, device="cuda")[..., ::2]
+    strided.copy_(qt)
+    g_host = [0.02, 0.05, 0.1, 0.0][:H]
+    for gamma in (np.array(g_host), np.array(g_host[::-1]), 0.03, torch.tensor(g_host, device="cuda"),
+                  torch.tensor(0.03, device="cuda", dtype=torch.float64),
+                  torch.nn.Parameter(torch.tensor(g_host, device="cuda"))):
+        g_np = gamma.detach().cpu().numpy() if isinstance(gamma, torch.Tensor) else gamma
+        want = attention(qt, kt, vt, x, gamma=g_np)  # host coordinates: the general path
+        with torch.no_grad():
+            for qq in (qt, shifted, strided, qt):
+                got = attention(qq, kt, vt, xt, gamma=gamma)
+                assert torch.equal(got, want), (type(gamma), qq.is_contiguous(), qq.data_ptr() % 16)
+
+
 def test_fast_path_runs_on_torch_current_stream(gpu, datasets):
     torch = pytest.importorskip("torch")
     q, k, v, x, gamma = real_problem(datasets)

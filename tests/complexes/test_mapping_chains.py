@@ -114,3 +114,22 @@ def test_array_model_takes_the_reference_topology(datasets):
 def test_bad_min_identity(eud):
     with pytest.raises(pg.InputError, match="min_identity"):
         pg.map_chains(*eud, min_identity=150)
+
+
+def test_a_handful_of_aligned_residues_maps_nothing(datasets, eud):
+    """Adenylate kinase aligns 5 residues to 1EUD's chain A at 40 % identity (semi-global, free end
+    gaps): above min_identity, but too few aligned residues for the identity to mean anything."""
+    _, ref = eud
+    with pytest.raises(pg.InputError, match="fewer than 10 aligned residues"):
+        pg.map_chains(datasets / "adk_open.pdb", ref)
+
+
+def test_a_peptide_maps_on_half_its_length(eud):
+    """A 6-residue piece of chain B (beside all of chain A) maps: the aligned-residue floor is half the
+    shorter chain for peptides."""
+    _, ref = eud
+    s = pg.load(ref)
+    b_res = np.unique(s.atoms.residue_index[s.atoms.chain == "B"])[100:106]
+    keep = np.flatnonzero((s.atoms.chain == "A") | np.isin(s.atoms.residue_index, b_res))
+    cm = pg.map_chains(s.select(keep), ref)
+    assert cm.chains == {"A": "A", "B": "B"} and len(cm.residues["B"]) == 6

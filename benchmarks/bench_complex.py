@@ -1,0 +1,241 @@
+"""Complex scoring, issue 18's case: 2-chain complexes of ~300 + ~150 residues, N models against one
+reference, every metric of ``pg.score_complex`` (lDDT, backbone and interface lDDT, TM-score, GDT, RMSD,
+QS-score, DockQ with its parts).
+
+Data (synthetic perturbations of a real complex, said so in the results): the reference is
+``datasets/openstructure/1eud_ref.pdb`` (PDB 1EUD, OpenStructure's test pair) cut to its chain A (306
+residues) and the 150-residue window of chain B with the most heavy-atom contacts to A, heavy atoms
+of the standard amino acids only (its three modified residues left out: DockQ keeps their extra atoms,
+OpenStructure and protgpu do not). Each model moves chain B rigidly against A (a rotation of up to 10
+degrees about B's centre, a shift of up to 3 A), adds residue-correlated noise of 0.2-1.5 A and atom
+noise of 0.2 A; written as PDB files to a temporary folder. Rows:
+
+* ``protgpu evaluate (end to end)``: the CLI's own job (``evaluate_job`` of ``protgpu evaluate DIR --ref
+  REF --confidence none --out x.csv -q``) through ``run_job``: parse and map chains in worker processes,
+  design-sanity columns, batched scores, journal, CSV. Models/s from files.
+* ``batched metrics``: the metrics that are one batched call on the device (lDDT, backbone and
+  interface lDDT, TM-score/GDT/RMSD) over the N models as one stack (parsed, mapped): the GPU part.
+* ``per-model CPU parts``: QS-score and the DockQ contacts of up to 200 models on one core (evaluate
+  counts them in its parse workers, in parallel).
+* ``DockQ 2.1.3 (anchor, 1 core)``: DockQ's Python API (``load_PDB`` + ``run_on_all_native_interfaces``
+  with the chain map given) per model file, one process. Runs when ``import DockQ`` works in
+  ``--anchor-python`` (default: this Python); DockQ 2.1.3 from PyPI needs numpy < 2 (its Cython module is
+  built against 1.x), so it lives in a virtual environment of its own (``python3 -m venv v && v/bin/pip
+  install DockQ``). Its DockQ values are compared with ours (max abs difference reported).
+  OpenStructure's scorer is not on PyPI (conda or a source build): not run.
+
+    python3 benchmarks/bench_complex.py [--models N] [--anchor-models K] [--anchor-python PATH]
+                                        [--device auto|cpu|gpu] [--json PATH]
+
+Default N: 10,000 on a GPU, 64 on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from _common import HERE, machine, print_table, write_results
+from bench_scoring import write_pdbs
+
+REF = HERE.parent / "datasets" / "openstructure" / "1eud_ref.pdb"
+STANDARD = ("ALA", "ARG", "ASN", "ASP", "CYS", "GLN", "GLU", "GLY", "HIS", "ILE", "LEU", "LYS", "MET", "PHE",
+            "PRO", "SER", "THR", "TRP", "TYR", "VAL")
+GPU_METRICS = ("lddt", "bb_lddt", "ilddt", "tm_score", "gdtts", "gdtha", "rmsd")
+
+
+def reference_complex():
+    """1eud chain A + the 150-residue window of chain B closest to A (heavy atoms, renumbered atoms)."""
+    import protgpu as pg
+
+    s = pg.load(REF).select("heavy and protein")
+    # the modified residues (CME, CSS, NEP) go: OpenStructure and protgpu cut them to their parent's
+    # atoms, DockQ keeps every atom; without them both count the same contacts
+    s = s.select(np.flatnonzero(np.isin(s.atoms.resname, STANDARD)))
+    a = s.atoms
+    xa = s.coords[0][a.chain == "A"]
+    b_idx = np.flatnonzero(a.chain == "B")
+    from scipy.spatial import cKDTree
+
+    near = cKDTree(xa).query(s.coords[0][b_idx], distance_upper_bound=8.0)[0] < 8.0
+    b_res = a.residue_index[b_idx]
+    res_ids = np.unique(b_res)
+    per_res = np.array([near[b_res == r].sum() for r in res_ids])
+    window = np.convolve(per_res, np.ones(150), mode="valid")
+    start = int(np.argmax(window))
+    keep_b = res_ids[start:start + 150]
+    keep = np.flatnonzero((a.chain == "A") | np.isin(a.residue_index, keep_b))
+    return s.select(keep)
+
+
+def perturbed_complexes(ref, n: int, seed: int = 0) -> np.ndarray:
+    """(n, atoms, 3) float32: chain B moved rigidly against A, residue-correlated and atom noise."""
+    rng = np.random.default_rng(seed)
+    x0 = ref.coords[0].astype(np.float64)
+    a = ref.atoms
+    isb = a.chain == "B"
+    res = a.residue_index
+    n_res = int(res.max()) + 1
+    cb = x0[isb].mean(axis=0)
+    out = np.empty((n, len(x0), 3), np.float32)
+    for k in range(n):
+        axis = rng.normal(size=3)
+        axis /= np.linalg.norm(axis)
+        ang = np.deg2rad(rng.uniform(0, 10))
+        kx = np.array([[0, -axis[2], axis[1]], [axis[2], 0, -axis[0]], [-axis[1], axis[0], 0]])
+        rot = np.eye(3) + np.sin(ang) * kx + (1 - np.cos(ang)) * kx @ kx
+        x = x0.copy()
+        x[isb] = (x[isb] - cb) @ rot.T + cb + rng.uniform(-1, 1, 3) * 3.0 / np.sqrt(3)
+        x += (rng.normal(size=(n_res, 3)) * rng.uniform(0.2, 1.5))[res] + rng.normal(scale=0.2, size=x.shape)
+        out[k] = x
+    return out
+
+
+_ANCHOR = r"""
+import json, sys, time
+from DockQ.DockQ import load_PDB, run_on_all_native_interfaces
+ref, paths = sys.argv[1], json.loads(sys.stdin.read())
+native = load_PDB(ref)
+vals = []
+t0 = time.perf_counter()
+for p in paths:
+    model = load_PDB(p)
+    res, total = run_on_all_native_interfaces(model, native, chain_map={"A": "A", "B": "B"})
+    vals.append(total)
+dt = time.perf_counter() - t0
+print(json.dumps({"seconds": dt, "dockq": vals}))
+"""
+
+
+def run_anchor(python: str, ref: str, paths: list[str]) -> dict | None:
+    probe = subprocess.run([python, "-c", "import DockQ.DockQ"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        print(f"DockQ anchor skipped: 'import DockQ' fails in {python}: "
+              f"{(probe.stderr.strip().splitlines() or ['?'])[-1]}", file=sys.stderr)
+        return None
+    r = subprocess.run([python, "-c", _ANCHOR, ref], input=json.dumps(paths), capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"DockQ anchor failed: {r.stderr.strip()[-500:]}", file=sys.stderr)
+        return None
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", type=int, default=None, help="models (default 10000 on a GPU, 64 on the CPU)")
+    ap.add_argument("--anchor-models", type=int, default=20, help="models the DockQ anchor scores")
+    ap.add_argument("--anchor-python", default=sys.executable, help="a Python where 'import DockQ' works")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"))
+    ap.add_argument("--jobs", type=int, default=None, help="parse workers of the end-to-end run")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    from protgpu._array import dispatch
+    from protgpu.batch.jobs.evaluate import EvaluateJob
+    from protgpu.commands._batch_options import run_job
+    from protgpu.complexes.scores import ComplexReference, host_scores, map_model, score_mapped
+
+    on_gpu = dispatch(device=args.device).on_gpu
+    device = "gpu" if on_gpu else "cpu"
+    n = args.models or (10000 if on_gpu else 64)
+    ref = reference_complex()
+    chains = {c: int(len(np.unique(ref.atoms.residue_index[ref.atoms.chain == c]))) for c in ("A", "B")}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        (tmp / "ref_dir").mkdir()
+        (tmp / "models").mkdir()
+        ref_path = write_pdbs(ref, ref.coords[:1], tmp / "ref_dir")[0]
+        t0 = time.perf_counter()
+        coords = perturbed_complexes(ref, n)
+        paths = write_pdbs(ref, coords, tmp / "models")
+        write_s = time.perf_counter() - t0
+
+        # end to end: the CLI's job through the CLI's run_job
+        ns = argparse.Namespace(out=str(tmp / "x.csv"), resume=False, keep_going=False, shard=None, jobs=args.jobs,
+                                batch_size=None, scheduler=None, tls_ca_file=None, tls_cert=None, tls_key=None,
+                                workers=None, gpus=None, quiet=True, journal_interval=5.0, progress_interval=None)
+        job = EvaluateJob(str(ref_path), confidence="none", device=device)
+        t0 = time.perf_counter()
+        summary = run_job(ns, job, [str(tmp / "models")], description="evaluate")
+        e2e = time.perf_counter() - t0
+        assert summary.n_ok == n, summary.failed[:3]
+        rows.append({"variant": "protgpu evaluate (end to end, files)", "models": n, "seconds": e2e,
+                     "models_per_s": n / e2e})
+
+        # the batched scoring of N parsed, mapped models: every model has model 0's atom table and
+        # mapping (one design's models), so the stack is built from the coordinates directly
+        import protgpu as pg
+
+        cref = ComplexReference(str(ref_path))
+        cs0, cm0 = map_model(pg.load(paths[0]), cref)
+        assert cs0.n_atoms == ref.n_atoms  # nothing for the clean-up to cut: the coordinates line up
+        structs = [pg.Structure(coords[k], cs0.atoms, source=f"model {k}") for k in range(n)]
+        maps = [cm0] * n
+        gref = ComplexReference(str(ref_path), GPU_METRICS)
+        score_mapped(structs[:8], maps[:8], gref, device)  # warm: context, kernels, numba
+        t0 = time.perf_counter()
+        score_mapped(structs, maps, gref, device)
+        gpu_s = time.perf_counter() - t0
+        rows.append({"variant": f"batched metrics on the {device.upper()} ({', '.join(GPU_METRICS)})", "models": n,
+                     "seconds": gpu_s, "models_per_s": n / gpu_s})
+        # the per-model host parts (QS-score, DockQ contacts), one core: evaluate counts them in its workers
+        h = min(n, 200)
+        host_scores(structs[0], cm0, cref)
+        t0 = time.perf_counter()
+        host = [host_scores(structs[k], cm0, cref) for k in range(h)]
+        host_s = time.perf_counter() - t0
+        rows.append({"variant": "per-model CPU parts (QS-score, DockQ contacts), 1 core", "models": h,
+                     "seconds": host_s, "models_per_s": h / host_s})
+        # all metrics of those models, the host parts given: the DockQ values the anchor is held to
+        table = score_mapped(structs[:h], maps[:h], cref, device, host=host)
+
+        k = min(args.anchor_models, n)
+        anchor = run_anchor(args.anchor_python, str(ref_path), paths[:k])
+        extra = {"data": "synthetic perturbations (rigid motion of chain B, correlated noise) of 1eud_ref.pdb cut to "
+                         f"chain A ({chains['A']} residues) + a 150-residue window of chain B ({chains['B']})",
+                 "device": device, "write_pdbs_s": write_s, "engine_stats": dict(summary.stats)}
+        per = None
+        if anchor is not None:
+            per = anchor["seconds"] / k
+            rows.append({"variant": "DockQ 2.1.3 (anchor, 1 core, per model file)", "models": k,
+                         "seconds": anchor["seconds"], "models_per_s": 1 / per})
+            diff = np.abs(np.asarray(anchor["dockq"]) - table["dockq"][:k])
+            extra["dockq_max_abs_diff_vs_anchor"] = float(np.max(diff))
+        else:
+            # DockQ does not install on the GPU machine (no network; needs numpy < 2): the CPU run's
+            # measurement of the anchor, another machine's core, is the ratio's denominator
+            cpu_json = HERE / "results" / "complex-cpu.json"
+            if cpu_json.is_file():
+                for r in json.loads(cpu_json.read_text())["rows"]:
+                    if r["variant"].startswith("DockQ"):
+                        per = 1 / r["models_per_s"]
+                        extra["anchor"] = (f"DockQ not importable in {args.anchor_python}; the ratio uses the DockQ "
+                                           f"rate of {cpu_json.name} ({r['models_per_s']:.2f} models/s, another "
+                                           "machine's core)")
+            else:
+                extra["anchor"] = f"DockQ not importable in {args.anchor_python}: no anchor in this run"
+        if per is not None:
+            for r in rows:
+                if not r["variant"].startswith("DockQ"):
+                    r["x_vs_dockq_1core"] = r["models_per_s"] * per
+    print_table(rows, ["variant", "models", "seconds", "models_per_s", "x_vs_dockq_1core"])
+    for key in ("data", "dockq_max_abs_diff_vs_anchor", "anchor"):
+        if key in extra:
+            print(f"{key}: {extra[key]}")
+    info = machine()
+    if info.get("gpu") is None:  # no key rather than null: the results readers take a missing GPU as the CPU
+        info.pop("gpu", None)
+    out = write_results("complex", rows, {"machine": info, **extra}, args.json)
+    print(f"-> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+// tmalign_team.cuh: what lets kernels/tmalign.cu compile both for the GPU (NVRTC) and on the host as
+// plain C++ (g++ -DTMALIGN_HOST, tests/align/test_tmalign_kernel_host.py), plus the "teams" the
+// algorithm runs on. A team is a group of threads that runs one job together: the 32 lanes of a warp
+// (one seed of the TM-score search, one candidate's quick score) or the whole block (a DP, a fit).
+// Members take items rank, rank + size, ...; sums and the three smallest values are reduced so that
+// every member gets the same bits (a butterfly: each step adds the same two partials, in either
+// order, and a + b == b + a exactly). On the host a block is one thread: every team is of size 1,
+// reductions and barriers are nothing, and the code runs the same steps in the same order.
+#pragma once
+
+#ifdef TMALIGN_HOST
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define TA_NOINLINE
+#ifdef TMALIGN_HOST_THREADS
+// A block of TMALIGN_HOST_THREADS real threads in "warps" of TMALIGN_HOST_WARP (tests only: the strided
+// loops, reductions and barriers run concurrently, so a missing barrier shows up, e.g. under TSan).
+#define TA_NTHREADS TMALIGN_HOST_THREADS
+#define TA_WARP TMALIGN_HOST_WARP
+#else
+#define TA_NTHREADS 1
+#endif
+// No fused multiply-add on the host (x86-64 without -mfma): plain products and sums.
+#define TA_MUL(a, b) ((a) * (b))
+#define TA_ADD(a, b) ((a) + (b))
+#else
+#ifndef TA_THREADS
+#define TA_THREADS 256
+#endif
+#define TA_NTHREADS TA_THREADS
+// Large stages are kept out of line: inlining them into every caller multiplies the code (and NVRTC's time).
+#define TA_NOINLINE __noinline__
+// The DP's score cells are computed without contraction into FMA, in the NumPy twin's order, so that
+// equal superpositions give equal score bits (the DP's tie rules then decide the same way).
+#define TA_MUL(a, b) __dmul_rn((a), (b))
+#define TA_ADD(a, b) __dadd_rn((a), (b))
+#endif
+
+#ifndef TA_WARP
+#define TA_WARP 32
+#endif
+#define TA_NWARPS ((TA_NTHREADS + TA_WARP - 1) / TA_WARP)
+#define TA_RED_MAX 16  // most values one team reduction sums at once
+#ifdef TMALIGN_HOST
+#define TA_INF HUGE_VAL
+#else
+#define TA_INF __longlong_as_double(0x7ff0000000000000LL)
+#endif
+
+__device__ __forceinline__ void ta_merge3(double& a, double& b, double& c, double oa, double ob, double oc) {
+    // the three smallest of two sorted triples (a multiset: duplicates count), sorted
+    double r[3];
+    int i = 0, j = 0;
+    const double A[3] = {a, b, c}, B[3] = {oa, ob, oc};
+    for (int t = 0; t < 3; ++t) {
+        if (j >= 3 || (i < 3 && A[i] <= B[j])) r[t] = A[i++];
+        else r[t] = B[j++];
+    }
+    a = r[0];
+    b = r[1];
+    c = r[2];
+}
+
+#if defined(TMALIGN_HOST) && defined(TMALIGN_HOST_THREADS)
+#include <condition_variable>
+#include <mutex>
+
+struct TaBarrier {  // a reusable barrier of n threads (generation count)
+    int n = 0, waiting = 0;
+    long long gen = 0;
+    std::mutex m;
+    std::condition_variable cv;
+    void wait() {
+        std::unique_lock<std::mutex> lk(m);
+        const long long g = gen;
+        if (++waiting == n) {
+            waiting = 0;
+            ++gen;
+            cv.notify_all();
+        } else {
+            cv.wait(lk, [&] { return gen != g; });
+        }
+    }
+};
+
+// One emulated block: its barriers and the exchange buffers that stand in for shuffles.
+struct TaHostSync {
+    TaBarrier block, warp[TA_NWARPS];
+    double xch[TA_NTHREADS][TA_RED_MAX];
+    TaHostSync() {
+        block.n = TA_NTHREADS;
+        for (int w = 0; w < TA_NWARPS; ++w) warp[w].n = TA_WARP;
+    }
+};
+
+// Team reductions: every member writes its values, waits, reads all members' in rank order, waits.
+struct TaHostTeam {
+    int rank, size, base;  // base: first thread of the team in xch
+    TaBarrier* bar;
+    TaHostSync* hs;
+    void sync() const { bar->wait(); }
+    void sums(double* v, int k) const {
+        for (int i = 0; i < k; ++i) hs->xch[base + rank][i] = v[i];
+        bar->wait();
+        for (int i = 0; i < k; ++i) {
+            double s = 0.0;
+            for (int r = 0; r < size; ++r) s += hs->xch[base + r][i];
+            v[i] = s;
+        }
+        bar->wait();
+    }
+    void min3(double& a, double& b, double& c) const {
+        double* x = hs->xch[base + rank];
+        x[0] = a;
+        x[1] = b;
+        x[2] = c;
+        bar->wait();
+        a = b = c = TA_INF;
+        for (int r = 0; r < size; ++r) ta_merge3(a, b, c, hs->xch[base + r][0], hs->xch[base + r][1], hs->xch[base + r][2]);
+        bar->wait();
+    }
+    int any(int v) const {
+        double d = v ? 1.0 : 0.0;
+        sums(&d, 1);
+        return d > 0.0;
+    }
+};
+
+struct TaWarp : TaHostTeam {};
+struct TaBlock : TaHostTeam {
+    int warp, lane;
+    double* red;
+};
+
+#elif defined(TMALIGN_HOST)
+
+struct TaWarp {
+    int rank, size;
+    void sync() const {}
+    void sums(double*, int) const {}
+    void min3(double&, double&, double&) const {}
+    int any(int v) const { return v; }
+};
+
+struct TaShared;
+struct TaBlock {
+    int rank, size, warp, lane;
+    double* red;
+    void sync() const {}
+    void sums(double*, int) const {}
+    void min3(double&, double&, double&) const {}
+    int any(int v) const { return v; }
+};
+
+#else
+
+__device__ __forceinline__ double ta_warp_sum(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ void ta_warp_min3(double& a, double& b, double& c) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const double oa = __shfl_xor_sync(0xffffffffu, a, o);
+        const double ob = __shfl_xor_sync(0xffffffffu, b, o);
+        const double oc = __shfl_xor_sync(0xffffffffu, c, o);
+        ta_merge3(a, b, c, oa, ob, oc);
+    }
+}
+
+struct TaWarp {
+    int rank, size;
+    __device__ void sync() const { __syncwarp(); }
+    __device__ void sums(double* v, int k) const {
+        for (int i = 0; i < k; ++i) v[i] = ta_warp_sum(v[i]);
+    }
+    __device__ void min3(double& a, double& b, double& c) const { ta_warp_min3(a, b, c); }
+    __device__ int any(int v) const { return __any_sync(0xffffffffu, v); }
+};
+
+struct TaBlock {
+    int rank, size, warp, lane;
+    double* red;  // shared, TA_NWARPS * TA_RED_MAX
+    __device__ void sync() const { __syncthreads(); }
+    // Warp sums, then every thread adds the warps' partials in warp order: the same bits everywhere.
+    __device__ void sums(double* v, int k) const {
+        for (int i = 0; i < k; ++i) {
+            const double s = ta_warp_sum(v[i]);
+            if (lane == 0) red[warp * TA_RED_MAX + i] = s;
+        }
+        __syncthreads();
+        for (int i = 0; i < k; ++i) {
+            double s = 0.0;
+            for (int w = 0; w < TA_NWARPS; ++w) s += red[w * TA_RED_MAX + i];
+            v[i] = s;
+        }
+        __syncthreads();
+    }
+    __device__ void min3(double& a, double& b, double& c) const {
+        ta_warp_min3(a, b, c);
+        if (lane == 0) {
+            red[warp * TA_RED_MAX] = a;
+            red[warp * TA_RED_MAX + 1] = b;
+            red[warp * TA_RED_MAX + 2] = c;
+        }
+        __syncthreads();
+        a = b = c = TA_INF;
+        for (int w = 0; w < TA_NWARPS; ++w)
+            ta_merge3(a, b, c, red[w * TA_RED_MAX], red[w * TA_RED_MAX + 1], red[w * TA_RED_MAX + 2]);
+        __syncthreads();
+    }
+    __device__ int any(int v) const { return __syncthreads_or(v); }
+};
+
+#endif

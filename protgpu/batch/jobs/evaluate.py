@@ -1,0 +1,124 @@
+"""The job of ``protgpu evaluate``: one row per design (per frame of a multi-model file) with its
+complex scores against a reference (when given), its model confidence and its design-sanity metrics."""
+
+from __future__ import annotations
+
+import os
+
+from ...errors import InputError
+from ..inputs import file_sha256
+from ..job import Job, warm_device
+from ..results import Result
+
+__all__ = ["EvaluateJob"]
+
+
+class EvaluateJob(Job):
+    """Scores, confidence and sanity of design files: the table of ``protgpu evaluate``.
+
+    :meth:`load` (in a parse worker) reads a design, computes its sanity and confidence columns and,
+    with a reference, cleans it, maps its chains (:func:`protgpu.complexes.scores.map_model`) and counts
+    the per-model CPU parts of the scores (QS-score, DockQ contacts: ``host_scores``): a design whose
+    chains cannot be mapped fails there, with one line naming the file and the chains of both
+    structures. :meth:`compute` scores a batch's mapped designs together
+    (:func:`protgpu.complexes.scores.score_mapped`: designs of one atom table and mapping share one
+    batched lDDT, TM-score and superposition call, on the GPU when there is one).
+
+    Parameters
+    ----------
+    reference : str, os.PathLike, Structure or None
+        The reference complex; None: confidence and sanity columns only.
+    confidence : {"auto", "none"}
+        See :func:`protgpu.complexes.evaluate.confidence_columns`.
+    chain_mapping : "auto" or dict
+        As :func:`protgpu.map_chains`.
+    min_identity : float
+        As :func:`protgpu.map_chains`, percent.
+    device : {"auto", "cpu", "gpu"}
+    batch_size : int
+    """
+
+    name = "evaluate"
+    uses_blas = True  # TM-score's search (as ScoreJob)
+
+    def __init__(self, reference=None, *, confidence: str = "auto", chain_mapping="auto",
+                 min_identity: float = 30.0, device: str = "auto", batch_size: int = 256):
+        from ...complexes.evaluate import CONFIDENCE_COLUMNS, SANITY_COLUMNS, score_column_names
+        from ...complexes.scores import METRICS, ComplexReference
+
+        if confidence not in ("auto", "none"):
+            raise InputError(f"confidence {confidence!r}: use auto or none")
+        if not 0 <= float(min_identity) <= 100:
+            raise InputError(f"min_identity is a percentage from 0 to 100, got {min_identity}")
+        self.confidence = confidence
+        self.chain_mapping = chain_mapping
+        self.min_identity = float(min_identity)
+        self.device = device
+        self.batch_size = int(batch_size)
+        self.reference_name = self.reference_sha256 = None
+        self.reference = None
+        score_cols: list = []
+        if reference is not None:
+            if isinstance(reference, (str, os.PathLike)):
+                self.reference_name = str(reference)
+                self.reference_sha256 = file_sha256(reference) if os.path.isfile(reference) else None
+            else:
+                self.reference_name = str(getattr(reference, "source", None) or "reference")
+            self.reference = ComplexReference(reference, METRICS)
+            score_cols = score_column_names(METRICS, self.reference.interfaces)
+        self.columns = ["model", *score_cols, *CONFIDENCE_COLUMNS, *SANITY_COLUMNS]
+
+    def options(self) -> dict:
+        return {"reference": None if self.reference_name is None else os.path.basename(self.reference_name),
+                "reference_sha256": self.reference_sha256, "confidence": self.confidence,
+                "chain_mapping": self.chain_mapping, "min_identity": self.min_identity}
+
+    def load(self, path: str) -> dict:
+        """Read one design; its confidence and sanity columns, and (with a reference) its cleaned
+        frames and chain mappings: ``{"names", "rows", "structures", "mappings"}``."""
+        from ...complexes.evaluate import confidence_columns, sanity_columns
+        from ...complexes.scores import host_scores, map_model
+        from ...io import load
+
+        s = load(path)
+        name = self.input_name(path)
+        names = [name] if s.n_frames == 1 else [f"{name}[{i}]" for i in range(s.n_frames)]
+        frames = [s] if s.n_frames == 1 else [s.frames(i) for i in range(s.n_frames)]
+        conf = confidence_columns(frames[0], path, self.confidence)
+        rows = [{"model": n, **conf, **sanity_columns(f)} for n, f in zip(names, frames, strict=True)]
+        structures, mappings, host = [], [], []
+        if self.reference is not None:
+            for f in frames:
+                cs, cm = map_model(f, self.reference, chain_mapping=self.chain_mapping,
+                                   min_identity=self.min_identity)
+                structures.append(cs)
+                mappings.append(cm)
+                # QS-score and the DockQ contacts are per model and CPU-bound: here, in the parse workers
+                host.append(host_scores(cs, cm, self.reference))
+        return {"names": names, "rows": rows, "structures": structures, "mappings": mappings, "host": host}
+
+    def size(self, item) -> object:
+        # designs of one length batch together (most of a design campaign shares its atom table)
+        return item["structures"][0].n_atoms if item["structures"] else 0
+
+    def warm_up(self) -> None:
+        """Decide ``device="auto"`` after the parse workers started (see :func:`warm_device`)."""
+        warm_device(self.device)
+
+    def compute(self, items: list) -> list:
+        from ..._array import dispatch
+        from ...complexes.evaluate import score_columns
+        from ...complexes.scores import score_mapped
+
+        if self.reference is not None:
+            structures = [s for it in items for s in it["structures"]]
+            mappings = [m for it in items for m in it["mappings"]]
+            device = "gpu" if dispatch(device=self.device).on_gpu else "cpu"
+            host = [h for it in items for h in it["host"]]
+            table = score_mapped(structures, mappings, self.reference, device, host=host)
+            k = 0
+            for it in items:
+                for row in it["rows"]:
+                    row.update(score_columns(table, k))
+                    k += 1
+        return [Result(rows=[{c: r.get(c) for c in self.columns} for r in it["rows"]]) for it in items]

@@ -1,0 +1,89 @@
+"""``protgpu evaluate DESIGNS... [--ref REF] [--confidence auto|none] --out designs.parquet``.
+
+One row per design (per frame of a multi-model file): with ``--ref``, the complex scores
+(:func:`protgpu.score_complex`: lDDT, backbone and interface lDDT, TM-score, GDT, RMSD, QS-score, DockQ
+with its parts per reference interface as ``dockq:AB``, ``fnat:AB``, ... columns, and the chain mapping);
+always, the model confidence (pLDDT, pTM, ipTM, ipSAE, pDockQ, pDockQ2, LIS where the predictor's
+files are found next to the design) and the design-sanity metrics (clashes, radius of gyration, residue
+and interface counts). Runs through the batch engine: resume, keep-going, shards, Dask.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..batch.inputs import expand_inputs
+from ..errors import InputError
+from ._batch_options import add_batch_options, job_device, late_device, mark, report_failures, run_job
+from ._cli_text import add_out, add_parser, translate_failures
+from .score import _fmt
+
+_OUT_SUFFIXES = (".csv", ".jsonl", ".parquet")
+
+
+def register(sub, common) -> None:
+    p = add_parser(
+        sub, "evaluate", parents=common,
+        help="one table per design: complex scores, model confidence, design sanity",
+        description="One row per design (per frame of a multi-model file). With --ref: lDDT, backbone and "
+                    "interface lDDT, TM-score, GDT-TS/HA, RMSD, QS-score and DockQ (per reference interface: "
+                    "dockq:AB, fnat:AB, irmsd:AB, lrmsd:AB, ...) on the chain mapping (column chain_mapping, "
+                    "reference:model pairs). Always: pLDDT, pTM, ipTM, ipSAE, pDockQ, pDockQ2 and LIS where the "
+                    "predictor's confidence files lie next to the design (AlphaFold 3, Boltz, Chai-1, ColabFold; "
+                    "else pLDDT from B-factors when they are pLDDT), and clashes, radius of gyration, residue and "
+                    "interface counts. A design whose chains cannot be mapped onto the reference is a bad input.",
+        example=[("protgpu evaluate designs/ --ref target_complex.pdb --out designs.parquet",
+                  "score every design against the reference complex"),
+                 ("protgpu evaluate af3_out/*_model_*.cif --out confidence.csv",
+                  "confidence and sanity of predictions, no reference")])
+    add_out(p, ".csv, .jsonl or .parquet (one row per design)")
+    p.add_argument("--ref", "-r", help="reference complex (without it: confidence and sanity columns only)")
+    p.add_argument("--confidence", choices=("auto", "none"), default="auto",
+                   help="auto (default): read the predictor's confidence files found next to each design, else "
+                        "its B-factors when they are pLDDT; none: no confidence columns' values")
+    p.add_argument("--min-identity", type=float, default=30.0, metavar="PERCENT",
+                   help="a model chain maps to a reference chain only above this sequence identity (default 30)")
+    add_batch_options(p)
+    p.set_defaults(func=run)
+
+
+def evaluate_job(args, device: str):
+    """The :class:`~protgpu.batch.jobs.evaluate.EvaluateJob` that ``protgpu evaluate`` runs for ``args``."""
+    from ..batch.jobs.evaluate import EvaluateJob
+
+    return EvaluateJob(args.ref, confidence=args.confidence, min_identity=args.min_identity, device=device)
+
+
+def run(args) -> int:
+    if args.out and not args.out.lower().endswith(_OUT_SUFFIXES):
+        raise InputError(f"--out {args.out}: use a .csv, .jsonl or .parquet file name")
+    if args.out and args.out.lower().endswith(".parquet"):
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:  # say so before evaluating anything
+            raise InputError(f"--out {args.out}: writing parquet needs pyarrow (pip install pyarrow); "
+                             "or use .csv / .jsonl") from None
+    if not 0 <= args.min_identity <= 100:
+        raise InputError(f"--min-identity {args.min_identity}: a percentage from 0 to 100")
+    if getattr(args, "select", None):
+        raise InputError("--select does not apply to evaluate: a design is scored whole")
+    device = late_device(args)
+    paths = expand_inputs(args.inputs)
+    mark("listed")
+    job = evaluate_job(args, device)
+    mark("job")
+    summary = run_job(args, job, paths, description="evaluate")
+    rows = summary.rows
+    if not args.out:
+        print("\t".join(job.columns))
+        for r in rows:
+            print("\t".join(_fmt(r.get(c)) for c in job.columns))
+    if not args.quiet:
+        dest = f" -> {summary.out}" if summary.out else ""
+        resumed = f" ({summary.n_resumed} resumed)" if summary.n_resumed else ""
+        rate = summary.n_inputs / summary.elapsed_s if summary.elapsed_s > 0 else 0.0
+        print(f"{len(rows)} design(s) from {summary.n_ok} file(s){resumed} on the {job_device(args)[1]}: "
+              f"{summary.elapsed_s:.2f} s, {rate:.1f} files/s{dest}", file=sys.stderr)
+    report_failures(translate_failures(summary, "evaluate"), "evaluate")
+    return summary.exit_code
+
