@@ -13,6 +13,7 @@ fit this module reuses): without numba, or with ``PROTGPU_NUMBA=0``, the NumPy t
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -51,43 +52,127 @@ def _compile() -> None:
 
 
 _DIAG, _LEFT, _UP = 0, 1, 2  # _dp's traceback moves
+_MAX_ROUNDS = 20  # _search.MAX_ROUNDS (a compile-time constant here; a test checks they agree)
+# Where the DP's cell scores come from: a given matrix, or computed on the fly from a superposition
+# (1 / (1 + d^2 / d0^2)), from secondary structure (1 for equal letters), or both (+0.5 for equal).
+_MATRIX, _TM, _SS, _TM_SS = 0, 1, 2, 3
+
+
+@_jit
+def _dp_work(l1, l2):
+    """Work arrays of _nw for chains of l1 and l2 residues: the superposed mobile chain and the target
+    reversed (rows x, y, z), the target's letters reversed, three diagonals of values and two of
+    gap costs, one diagonal of scores, and the moves by (diagonal, mobile residue)."""
+    return (np.empty((3, l1)), np.empty((3, l2)), np.empty(l2, np.uint8), np.zeros((5, l1 + 1)),
+            np.empty(l1 + 1), np.empty((l1 + l2 + 1, l1 + 1), np.int8))
+
+
+@_jit
+def _diag_tm(x0, x1, x2, y0, y1, y2, bx, by, bs, n, d0sq, sd):
+    """One diagonal's _dp.tm_scores_matrix cells: d^2 summed x, y, z, then 1 / (1 + d^2 / d0sq)."""
+    for t in range(n):
+        e0 = x0[bx + t] - y0[by + t]
+        e1 = x1[bx + t] - y1[by + t]
+        e2 = x2[bx + t] - y2[by + t]
+        sd[bs + t] = 1.0 / (1.0 + (e0 * e0 + e1 * e1 + e2 * e2) / d0sq)
+
+
+@_jit
+def _diag_ss(secx, sr, bx, by, bs, n, add, w, sd):
+    """One diagonal's ss_scores_matrix cells: ``w`` for equal letters, else 0; added to sd if ``add``."""
+    for t in range(n):
+        e = w if secx[bx + t] == sr[by + t] else 0.0
+        sd[bs + t] = sd[bs + t] + e if add else e
+
+
+@_jit
+def _diag_step(v2, v1, a1, v0, a0, sd, mk, bx, bs, n, gap):
+    """One diagonal of _dp.nw_align: values v2 (diagonal k - 2), v1 and gap costs a1 (k - 1) give v0,
+    a0 and the moves mk of diagonal k, with the twin's sums and tie rules."""
+    for t in range(n):
+        d = v2[bx + t] + sd[bs + t]
+        h = v1[bx + t] + a1[bx + t]  # from (i - 1, j)
+        v = v1[bs + t] + a1[bs + t]  # from (i, j - 1)
+        dg = (d >= h) & (d >= v)
+        lf = v >= h
+        v0[bs + t] = d if dg else (v if lf else h)
+        a0[bs + t] = gap if dg else 0.0
+        mk[bs + t] = _DIAG if dg else (_LEFT if lf else _UP)
+
+
+@_jit
+def _nw(mode, x, y, rot, trans, d0sq, secx, secy, smat, gap, work, j2i):
+    """_dp.nw_align of one problem over anti-diagonals (cells i + j = k are independent, so each
+    diagonal is one vectorised loop), its scores made on the fly: ``mode`` _MATRIX reads ``smat``
+    (L1, L2); _TM, _SS, _TM_SS compute _dp.tm_scores_matrix's 1 / (1 + d^2 / d0sq) under (rot,
+    trans) and / or ss_scores_matrix's letters in the twin's operation order. Each cell takes the
+    twin's sums and tie rules, so the alignment ``j2i`` (L2,) is the twin's.
+
+    Loop indices are unsigned so that numba drops its negative-index checks (which stop
+    vectorisation)."""
+    xt, yr, sr, val, sd, mv = work
+    l1, l2 = mv.shape[1] - 1, sr.shape[0]
+    u = np.uint64
+    if mode == _TM or mode == _TM_SS:
+        for i in range(l1):  # the transform summed u_k0 x_0 + u_k1 x_1 + u_k2 x_2, then + t_k
+            a0, a1, a2 = x[i, 0], x[i, 1], x[i, 2]
+            for k in range(3):
+                xt[k, i] = (rot[k, 0] * a0 + rot[k, 1] * a1 + rot[k, 2] * a2) + trans[k]
+        for m in range(l2):  # cell (i, k - i) reads target residue k - i - 1: reversed, it runs forward
+            for k in range(3):
+                yr[k, m] = y[l2 - 1 - m, k]
+    if mode == _SS or mode == _TM_SS:
+        for m in range(l2):
+            sr[m] = secy[l2 - 1 - m]
+    val[:, :] = 0.0
+    x0, x1, x2, y0, y1, y2 = xt[0], xt[1], xt[2], yr[0], yr[1], yr[2]
+    v2, v1, v0, a1, a0 = val[0], val[1], val[2], val[3], val[4]
+    for k in range(2, l1 + l2 + 1):
+        lo, hi = max(1, k - l2), min(l1, k - 1)
+        n = u(hi - lo + 1)
+        bx, by, bs = u(lo - 1), u(l2 - k + lo), u(lo)
+        if k <= l2:  # boundary cells (0, k) and (k, 0): value 0, not from the diagonal
+            v0[0] = 0.0
+            a0[0] = 0.0
+        if k <= l1:
+            v0[k] = 0.0
+            a0[k] = 0.0
+        if mode == _MATRIX:
+            for t in range(hi - lo + 1):
+                i = lo + t
+                sd[lo + t] = smat[i - 1, k - i - 1]
+        elif mode == _SS:
+            _diag_ss(secx, sr, bx, by, bs, n, False, 1.0, sd)
+        else:
+            _diag_tm(x0, x1, x2, y0, y1, y2, bx, by, bs, n, d0sq, sd)
+            if mode == _TM_SS:
+                _diag_ss(secx, sr, bx, by, bs, n, True, 0.5, sd)
+        _diag_step(v2, v1, a1, v0, a0, sd, mv[k], bx, bs, n, gap)
+        v2, v1, v0 = v1, v0, v2
+        a1, a0 = a0, a1
+    for j in range(l2):
+        j2i[j] = -1
+    i, j = l1, l2
+    while i > 0 and j > 0:
+        m = mv[i + j, i]
+        if m == _DIAG:
+            j2i[j - 1] = i - 1
+        if m != _LEFT:
+            i -= 1
+        if m != _UP:
+            j -= 1
 
 
 @_jit
 def _nw_all(s, gap, j2i):
-    """_dp.nw_align for each problem b: cell by cell, the same sums and tie rules as the twin."""
+    """_dp.nw_align for each problem b of the score matrices s (B, L1, L2)."""
     b_n, l1, l2 = s.shape
-    val = np.zeros((l1 + 1, l2 + 1))
-    frm = np.zeros((l1 + 1, l2 + 1), dtype=np.bool_)  # the cell took the diagonal move
-    moves = np.zeros((l1 + 1, l2 + 1), dtype=np.int8)
+    work = _dp_work(l1, l2)
+    pts = np.zeros((0, 3))  # no coordinates or letters: the scores are given
+    sec = np.zeros(0, np.uint8)
+    eye, zero = np.eye(3), np.zeros(3)
     for b in range(b_n):
-        g = gap[b]
-        for i in range(1, l1 + 1):
-            for j in range(1, l2 + 1):
-                d = val[i - 1, j - 1] + s[b, i - 1, j - 1]
-                h = val[i - 1, j] + (g if frm[i - 1, j] else 0.0)
-                v = val[i, j - 1] + (g if frm[i, j - 1] else 0.0)
-                if d >= h and d >= v:
-                    val[i, j] = d
-                    frm[i, j] = True
-                    moves[i, j] = _DIAG
-                elif v >= h:
-                    val[i, j] = v
-                    frm[i, j] = False
-                    moves[i, j] = _LEFT
-                else:
-                    val[i, j] = h
-                    frm[i, j] = False
-                    moves[i, j] = _UP
-        i, j = l1, l2
-        while i > 0 and j > 0:
-            m = moves[i, j]
-            if m == _DIAG:
-                j2i[b, j - 1] = i - 1
-            if m != _LEFT:
-                i -= 1
-            if m != _UP:
-                j -= 1
+        _nw(_MATRIX, pts, pts, eye, zero, 1.0, sec, sec, s[b], gap[b], work, j2i[b])
 
 
 def nw_align(score, gap_open) -> np.ndarray:
@@ -243,47 +328,58 @@ def _relaxed_cut(d2, n, cut2):
 
 
 @_jit
-def _fast_scores(x, y, maps, d0, d0_search, out):
-    """_search.fast_scores on centred (L, 3) coordinates: each candidate's valid pairs gathered into
-    (3, n) rows, three fits (the later two skipped when the first cutoff keeps every pair)."""
-    l2 = maps.shape[1]
-    xs = np.empty((3, l2))
-    ys = np.empty((3, l2))
-    d2 = np.empty(l2)
-    sel = np.empty(l2, dtype=np.bool_)
-    rot, trans, kbuf, q, rows, wk = _fit_scratch()
+def _fast_work(l2):
+    """Work arrays of _fast_score for targets of l2 residues: gathered pairs, d^2, kept set."""
+    return np.empty((3, l2)), np.empty((3, l2)), np.empty(l2), np.empty(l2, dtype=np.bool_)
+
+
+@_jit
+def _fast_score(x, y, m, d0, d0_search, fw, fs):
+    """_search.fast_scores of one candidate map ``m`` (L2,) on centred (L, 3) coordinates: its valid
+    pairs gathered into (3, n) rows, three fits (the later two skipped when the first cutoff keeps
+    every pair). ``fw``: _fast_work's arrays; ``fs``: _fit_scratch's."""
+    xs, ys, d2, sel = fw
+    rot, trans, kbuf, q, rows, wk = fs
     d02 = d0 * d0
     d002 = d0_search * d0_search
-    for b in range(maps.shape[0]):
-        n = 0
-        for j in range(l2):
-            i = maps[b, j]
-            if i >= 0:
-                for k in range(3):
-                    xs[k, n] = x[i, k]
-                    ys[k, n] = y[j, k]
-                n += 1
-        xv, yv, dv, sv = xs[:, :n], ys[:, :n], d2[:n], sel[:n]
-        _sf._fit_subset(xv, yv, sv, 0, n, rot, trans, kbuf, q, rows, wk)
+    n = 0
+    for j in range(m.shape[0]):
+        i = m[j]
+        if i >= 0:
+            for k in range(3):
+                xs[k, n] = x[i, k]
+                ys[k, n] = y[j, k]
+            n += 1
+    xv, yv, dv, sv = xs[:, :n], ys[:, :n], d2[:n], sel[:n]
+    _sf._fit_subset(xv, yv, sv, 0, n, rot, trans, kbuf, q, rows, wk)
+    _sf._dist2(xv, yv, rot, trans, dv)
+    best = _score_d8(dv, d02, 0.0, False, 1.0)
+    cut = _relaxed_cut(dv, n, d002)
+    kept = 0
+    for p in range(n):
+        sv[p] = dv[p] <= cut
+        kept += sv[p]
+    if kept != n:
+        _sf._fit_subset(xv, yv, sv, 0, -1, rot, trans, kbuf, q, rows, wk)
         _sf._dist2(xv, yv, rot, trans, dv)
-        best = _score_d8(dv, d02, 0.0, False, 1.0)
-        cut = _relaxed_cut(dv, n, d002)
-        kept = 0
+        s1 = _score_d8(dv, d02, 0.0, False, 1.0)
+        cut = _relaxed_cut(dv, n, d002 + 1.0)
         for p in range(n):
             sv[p] = dv[p] <= cut
-            kept += sv[p]
-        if kept != n:
-            _sf._fit_subset(xv, yv, sv, 0, -1, rot, trans, kbuf, q, rows, wk)
-            _sf._dist2(xv, yv, rot, trans, dv)
-            s1 = _score_d8(dv, d02, 0.0, False, 1.0)
-            cut = _relaxed_cut(dv, n, d002 + 1.0)
-            for p in range(n):
-                sv[p] = dv[p] <= cut
-            _sf._fit_subset(xv, yv, sv, 0, -1, rot, trans, kbuf, q, rows, wk)
-            _sf._dist2(xv, yv, rot, trans, dv)
-            s2 = _score_d8(dv, d02, 0.0, False, 1.0)
-            best = max(max(best, s1), s2)
-        out[b] = best
+        _sf._fit_subset(xv, yv, sv, 0, -1, rot, trans, kbuf, q, rows, wk)
+        _sf._dist2(xv, yv, rot, trans, dv)
+        s2 = _score_d8(dv, d02, 0.0, False, 1.0)
+        best = max(max(best, s1), s2)
+    return best
+
+
+@_jit
+def _fast_scores(x, y, maps, d0, d0_search, out):
+    """_search.fast_scores of every candidate map (B, L2)."""
+    fw = _fast_work(maps.shape[1])
+    fs = _fit_scratch()
+    for b in range(maps.shape[0]):
+        out[b] = _fast_score(x, y, maps[b], d0, d0_search, fw, fs)
 
 
 def fast_scores(x, y, maps, *, d0: float, d0_search: float) -> np.ndarray:
@@ -296,3 +392,327 @@ def fast_scores(x, y, maps, *, d0: float, d0_search: float) -> np.ndarray:
     _fast_scores(np.ascontiguousarray(x - x.mean(axis=0)), np.ascontiguousarray(y - y.mean(axis=0)), maps,
                  float(d0), float(d0_search), out)
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# One pair's alignment stages (numpy_twin.align_maps) in one compiled call
+
+
+@_jit
+def _seeds(n, step, out):
+    """_search.seeds(n, step) written to ``out`` as (length, start) rows; returns the row count."""
+    lmin = min(4, n)
+    c = 0
+    for i in range(6):  # scoring.tmscore.seed_lengths: n, n/2, ... (>= lmin), at most six
+        length = n >> i if i < 5 else lmin
+        final = length <= lmin or i == 5
+        if final:
+            length = lmin
+        last = n - length
+        for s in range(0, last, step):
+            out[c, 0] = length
+            out[c, 1] = s
+            c += 1
+        out[c, 0] = length
+        out[c, 1] = last
+        c += 1
+        if final:
+            break
+    return c
+
+
+@_jit
+def _search_work(l2):
+    """Work arrays of _pair_search: the pairs' rows (3 n, flat), seed rows, the result's 12 numbers."""
+    return np.empty(3 * l2), np.empty(3 * l2), np.empty((6 * l2 + 12, 2), np.int64), np.empty(12)
+
+
+@_jit
+def _pair_search(x, y, y2x, d0, d0_search, norm, step, d8, sw, rot, trans):
+    """numpy_twin.detailed_search: the TM-score search (pairs beyond ``d8`` score nothing) on the
+    aligned pairs of ``y2x``, centred by their means as the wrapper tm_search does. Returns the score
+    (-1 for no pair); ``rot``, ``trans`` receive its superposition of the raw coordinates."""
+    xb, yb, seeds, rt = sw
+    n = 0
+    for j in range(y2x.shape[0]):
+        if y2x[j] >= 0:
+            n += 1
+    if n == 0:
+        rot[:, :] = np.eye(3)
+        trans[:] = 0.0
+        return -1.0
+    xs = xb[:3 * n].reshape(3, n)
+    ys = yb[:3 * n].reshape(3, n)
+    p = 0
+    for j in range(y2x.shape[0]):
+        i = y2x[j]
+        if i >= 0:
+            for k in range(3):
+                xs[k, p] = x[i, k]
+                ys[k, p] = y[j, k]
+            p += 1
+    cx = np.zeros(3)
+    cy = np.zeros(3)
+    for k in range(3):  # NumPy's mean over the pairs: summed in order, then divided
+        for p in range(n):
+            cx[k] += xs[k, p]
+            cy[k] += ys[k, p]
+        cx[k] /= n
+        cy[k] /= n
+        for p in range(n):
+            xs[k, p] -= cx[k]
+            ys[k, p] -= cy[k]
+    ns = _seeds(n, step, seeds)
+    rt[:] = 0.0
+    rt[0] = rt[4] = rt[8] = 1.0
+    score = _search(xs, ys, seeds[:ns], d0, d0_search, norm, d8, True, _MAX_ROUNDS, rt)
+    for k in range(3):
+        for m in range(3):
+            rot[k, m] = rt[3 * k + m]
+    for k in range(3):
+        trans[k] = (rt[9 + k] + cy[k]) - (rot[k, 0] * cx[0] + rot[k, 1] * cx[1] + rot[k, 2] * cx[2])
+    return score
+
+
+@_jit
+def _superpose_rows(xs, ys, n, rot, trans, fs):
+    """scoring._kabsch.superpose of the n pairs in (3, n) rows (raw coordinates): QCP on the
+    cross-covariance of the centred pairs, the translation ``cy - rot cx``."""
+    _, _, kbuf, q, rows, wk = fs
+    inv_n = 1.0 / n
+    cx = np.zeros(3)
+    cy = np.zeros(3)
+    for k in range(3):
+        for p in range(n):
+            cx[k] += xs[k, p]
+            cy[k] += ys[k, p]
+        cx[k] *= inv_n
+        cy[k] *= inv_n
+    wk[:] = 0.0  # sums of the centred coordinates (0) and their cross products
+    for a in range(3):
+        for b in range(3):
+            s = 0.0
+            for p in range(n):
+                s += (xs[a, p] - cx[a]) * (ys[b, p] - cy[b])
+            wk[6 + 3 * a + b] = s
+    _sf._fit_from_sums(float(n), wk[0:3], wk[3:6], wk[6:15], rot, trans, kbuf, q, rows)
+    for k in range(3):
+        trans[k] = cy[k] - (rot[k, 0] * cx[0] + rot[k, 1] * cx[1] + rot[k, 2] * cx[2])
+
+
+@_jit
+def _fit_map(x, y, y2x, fw, fs, rot, trans):
+    """numpy_twin._fit_map: the superposition of every aligned pair of ``y2x``."""
+    xs, ys, _, _ = fw
+    n = 0
+    for j in range(y2x.shape[0]):
+        i = y2x[j]
+        if i >= 0:
+            for k in range(3):
+                xs[k, n] = x[i, k]
+                ys[k, n] = y[j, k]
+            n += 1
+    _superpose_rows(xs, ys, n, rot, trans, fs)
+
+
+@_jit
+def _threading(xc, yc, f0, lf, on_x, min_ali, d0, d0_search, fw, fs, m, best_map, best):
+    """numpy_twin.threading_maps of the fragment [f0, f0 + lf) (on the mobile chain if ``on_x``, else
+    on the target), each offset scored by _fast_score in ascending order; the last best (>=) is kept
+    in ``best_map`` and its score returned (``best`` if none reaches it)."""
+    l1, l2 = xc.shape[0], yc.shape[0]
+    if on_x:
+        k0, k1 = -l2 + min_ali, lf - min_ali
+    else:
+        k0, k1 = -lf + min_ali, l1 - min_ali
+    for k in range(k0, k1 + 1):
+        m[:] = -1
+        if on_x:
+            for j in range(l2):
+                if 0 <= j + k < lf:
+                    m[j] = f0 + j + k
+        else:
+            for c in range(lf):
+                if 0 <= c + k < l1:
+                    m[f0 + c] = c + k
+        sc = _fast_score(xc, yc, m, d0, d0_search, fw, fs)
+        if sc >= best:
+            best = sc
+            best_map[:] = m
+    return best
+
+
+@_jit
+def _max_fragment(x, dcu0):
+    """numpy_twin.max_fragment: (start, end) of the longest run of CA steps below the cutoff."""
+    n = x.shape[0]
+    r_min = min(int(n / 3.0), 4)
+    step2 = np.empty(max(n - 1, 0))
+    for i in range(n - 1):
+        e0, e1, e2 = x[i + 1, 0] - x[i, 0], x[i + 1, 1] - x[i, 1], x[i + 1, 2] - x[i, 2]
+        step2[i] = e0 * e0 + e1 * e1 + e2 * e2
+    cut2 = dcu0 * dcu0
+    inc = 0
+    while True:
+        best = start_max = end_max = 0
+        run, start = 1, 0
+        for i in range(1, n):
+            if step2[i - 1] < cut2:
+                run += 1
+                if i == n - 1:
+                    if run > best:
+                        best, start_max, end_max = run, start, i
+                    run = 1
+            else:
+                if run > best:
+                    best, start_max, end_max = run, start, i - 1
+                run, start = 1, i
+        if best >= r_min:
+            return start_max, end_max
+        inc += 1
+        c = math.pow(1.1, float(inc)) * dcu0  # Python's 1.1 ** inc, then squared
+        cut2 = c * c
+
+
+@_jit
+def _refine(x, y, rot, trans, d0, d0_search, l_norm, d8, gap_a, n_gaps, max_iter, work, sw, m, best_map):
+    """numpy_twin.refine (gap openings ``gap_a`` then 0 when ``n_gaps`` is 2, else 0 only): DP under
+    the current superposition, the search on its alignment, until the score settles. Returns the best
+    score (its map in ``best_map``); ``rot``, ``trans`` end as the last search's."""
+    best, old = -1.0, 0.0
+    none = np.zeros(0, np.uint8)
+    smat = np.zeros((0, 0))
+    for gi in range(n_gaps):
+        gap = gap_a if gi == 0 and n_gaps == 2 else 0.0
+        for it in range(max_iter):
+            _nw(_TM, x, y, rot, trans, d0 * d0, none, none, smat, gap, work, m)
+            score = _pair_search(x, y, m, d0, d0_search, l_norm, 40, d8, sw, rot, trans)
+            if score > best:
+                best = score
+                best_map[:] = m
+            if it > 0 and abs(old - score) < 1e-6:
+                break
+            old = score
+    return best
+
+
+@_jit
+def _jump(length):
+    j = 45 if length > 250 else 35 if length > 200 else 25 if length > 150 else 15
+    return min(j, length // 3)
+
+
+@_jit
+def _local(x, y, xc, yc, d0, d0_search, work, fw, fs, rot, trans, m, best_map):
+    """numpy_twin.initial_local: fragment pairs superposed, DP with no gap penalty, the first strict
+    best quick score above 0 kept in ``best_map``; returns whether one was found."""
+    l1, l2 = x.shape[0], y.shape[0]
+    jump1, jump2 = _jump(l1), _jump(l2)
+    al = min(l1, l2)
+    d01 = d0 + 1.5
+    xs, ys, _, _ = fw
+    none = np.zeros(0, np.uint8)
+    smat = np.zeros((0, 0))
+    best = 0.0
+    found = False
+    for f in range(2):
+        nf = min(20, al // 3) if f == 0 else min(100, al // 2)
+        for i in range(0, l1 - nf + 1, jump1):
+            for j in range(0, l2 - nf + 1, jump2):
+                for p in range(nf):
+                    for k in range(3):
+                        xs[k, p] = x[i + p, k]
+                        ys[k, p] = y[j + p, k]
+                _superpose_rows(xs, ys, nf, rot, trans, fs)
+                _nw(_TM, x, y, rot, trans, d01 * d01, none, none, smat, 0.0, work, m)
+                sc = _fast_score(xc, yc, m, d0, d0_search, fw, fs)
+                if sc > best:
+                    best = sc
+                    best_map[:] = m
+                    found = True
+    return found
+
+
+@_jit
+def _frag_threading(x, xc, yc, y, dcu0, d0, d0_search, fw, fs, m, best_map):
+    """numpy_twin.initial_fragment_threading: the shorter continuous fragment threaded along the other
+    chain (both chains when fragments and chains are equally long); the last best kept."""
+    l1, l2 = x.shape[0], y.shape[0]
+    xs0, xe = _max_fragment(x, dcu0)
+    ys0, ye = _max_fragment(y, dcu0)
+    lx, ly = xe - xs0 + 1, ye - ys0 + 1
+    best = -np.inf
+    for c in range(2):
+        if lx == ly and l1 == l2:
+            on_x, f0, lf, l0 = c == 0, xs0 if c == 0 else ys0, lx, l1
+        elif c == 0:
+            on_x = lx < ly or (lx == ly and l1 < l2)
+            f0, lf, l0 = xs0 if on_x else ys0, min(lx, ly), min(l1, l2)
+        else:
+            break
+        if lf == l0:  # numpy_twin._fragment_maps: a fragment spanning the chain keeps its 10-89% part
+            f0, lf = f0 + int(l0 * 0.1), int(l0 * 0.89) + 1 - int(l0 * 0.1)
+        min_ali = max(int(min(lf, l2 if on_x else l1) / 2.5), 3)
+        best = _threading(xc, yc, f0, lf, on_x, min_ali, d0, d0_search, fw, fs, m, best_map, best)
+
+
+@_jit
+def _align_maps(x, y, xc, yc, secx, secy, d0, d0_search, d8, l_norm, dcu0, best):
+    """numpy_twin.align_maps: every initial alignment, each searched and refined past its gate; the
+    best map (strictly higher score wins) written to ``best`` (L2,)."""
+    l1, l2 = x.shape[0], y.shape[0]
+    work = _dp_work(l1, l2)
+    sw = _search_work(l2)
+    fw = _fast_work(l2)
+    fs = _fit_scratch()
+    rot = np.eye(3)
+    trans = np.zeros(3)
+    m = np.empty(l2, np.int64)  # the stage's map
+    tmp = np.empty(l2, np.int64)  # the DP's / threading's scratch map
+    rbest = np.empty(l2, np.int64)  # refine's best map
+    smat = np.zeros((0, 0))
+    best[:] = -1
+    tm_max = -1.0
+    ddcc = 0.1 if l_norm <= 40 else 0.4
+    for stage in range(5):
+        if stage == 0:  # gapless threading
+            _threading(xc, yc, 0, l1, True, max(min(l1, l2) // 2, 5), d0, d0_search, fw, fs, tmp, m,
+                       -np.inf)
+        elif stage == 1:  # secondary structure
+            _nw(_SS, x, y, rot, trans, 1.0, secx, secy, smat, -1.0, work, m)
+        elif stage == 2:  # local fragment superposition
+            if not _local(x, y, xc, yc, d0, d0_search, work, fw, fs, rot, trans, tmp, m):
+                continue
+        elif stage == 3:  # the best so far superposed, plus secondary structure
+            _fit_map(x, y, best, fw, fs, rot, trans)
+            d01 = d0 + 1.5
+            _nw(_TM_SS, x, y, rot, trans, d01 * d01, secx, secy, smat, -1.0, work, m)
+        else:  # fragment gapless threading
+            _frag_threading(x, xc, yc, y, dcu0, d0, d0_search, fw, fs, tmp, m)
+        score = _pair_search(x, y, m, d0, d0_search, l_norm, 40, d8, sw, rot, trans)
+        if score > tm_max:
+            tm_max = score
+            best[:] = m
+        gate = -np.inf if stage == 0 else tm_max * (0.2 if stage == 1 else ddcc)
+        if score > gate:
+            n_gaps = 1 if stage == 4 else 2
+            max_iter = 2 if stage == 2 or stage == 4 else 30
+            score = _refine(x, y, rot, trans, d0, d0_search, l_norm, d8, -0.6, n_gaps, max_iter, work, sw,
+                            tmp, rbest)
+            if score > tm_max:
+                tm_max = score
+                best[:] = rbest
+
+
+def align_maps(x, y, sec_x: str, sec_y: str, p) -> np.ndarray:
+    """:func:`protgpu.align.numpy_twin.align_maps`, compiled as one call (same arguments, the same
+    alignment; its scores within ~1e-15 of the twin's, as the searches')."""
+    _compile()
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    y = np.ascontiguousarray(y, dtype=np.float64)
+    best = np.empty(len(y), np.int64)
+    # centred for the quick scores exactly as fast_scores centres them
+    _align_maps(x, y, np.ascontiguousarray(x - x.mean(axis=0)), np.ascontiguousarray(y - y.mean(axis=0)),
+                np.frombuffer(sec_x.encode(), np.uint8).copy(), np.frombuffer(sec_y.encode(), np.uint8).copy(),
+                float(p.d0), float(p.d0_search), float(p.score_d8), float(p.l_norm), float(p.dcu0), best)
+    return best
