@@ -246,11 +246,53 @@ def _settled(new, cur):
     return same
 
 
+_EXPLORED = 1 << 40  # a memo entry whose rounds settled: explored for any number of rounds
+
+
 @_jit
-def _search(x, y, seeds, d0, d0_search, norm, d8, use_d8, max_rounds, out_rt):
+def _pack(sel, words):
+    """The kept set as bits in ``words``; returns their hash (FNV-1a over the words)."""
+    words[:] = 0
+    for p in range(sel.shape[0]):
+        words[p >> 6] |= np.uint64(sel[p]) << np.uint64(p & 63)
+    h = np.uint64(14695981039346656037)
+    for w in range(words.shape[0]):
+        h = (h ^ words[w]) * np.uint64(1099511628211)
+    return h
+
+
+@_jit
+def _memo_find(words, h, keys, hashes, table):
+    """Index of the stored set equal to ``words`` (-1 if none) and the table slot where it is or would
+    go (open addressing, linear probing)."""
+    mask = np.uint64(table.shape[0] - 1)
+    slot = h & mask
+    while True:
+        e = table[slot]
+        if e < 0:
+            return -1, slot
+        if hashes[e] == h:
+            same = True
+            for w in range(words.shape[0]):
+                if keys[e, w] != words[w]:
+                    same = False
+                    break
+            if same:
+                return e, slot
+        slot = (slot + np.uint64(1)) & mask
+
+
+@_jit
+def _search(x, y, seeds, d0, d0_search, norm, d8, use_d8, max_rounds, out_rt, memo):
     """_search.tm_search's seeds and rounds on centred (3, n) rows; returns the best score, its
     superposition (of the centred sets) in out_rt[:9], out_rt[9:]. A new score is kept only when
-    strictly higher, in seed then round order: the twin's choice."""
+    strictly higher, in seed then round order: the twin's choice.
+
+    A round's fit, score and next kept set depend on its kept set only. With ``memo``, every kept set
+    that started a round is remembered with the number of rounds explored from it (all, once its
+    rounds settled); a seed that reaches a set already explored as far as this seed may go stops
+    there: its remaining rounds would repeat scores that were compared already, and a repeated score
+    is never strictly higher than the best. The result is the same bits either way (a test checks)."""
     n = x.shape[1]
     d0sq = d0 * d0
     d8sq = d8 * d8
@@ -259,6 +301,18 @@ def _search(x, y, seeds, d0, d0_search, norm, d8, use_d8, max_rounds, out_rt):
     d2 = np.empty(n)
     cur = np.empty(n, dtype=np.bool_)
     new = np.empty(n, dtype=np.bool_)
+    n_words = (n + 63) >> 6
+    cap = seeds.shape[0] * max_rounds + 1 if memo else 1
+    keys = np.empty((cap, n_words), np.uint64)
+    hashes = np.empty(cap, np.uint64)
+    explored = np.empty(cap, np.int64)
+    size = 1
+    while size < 2 * cap:
+        size *= 2
+    table = np.full(size if memo else 1, -1, np.int64)
+    words = np.empty(n_words, np.uint64)
+    path = np.empty(max_rounds, np.int64)  # memo entries of this seed's rounds, in order
+    stored = 0
     for t in range(seeds.shape[0]):
         _sf._fit_subset(x, y, cur, seeds[t, 1], seeds[t, 0], rot, trans, kbuf, q, rows, wk)
         _sf._dist2(x, y, rot, trans, d2)
@@ -267,7 +321,24 @@ def _search(x, y, seeds, d0, d0_search, norm, d8, use_d8, max_rounds, out_rt):
         if sc > best:
             best = sc
             _store(rot, trans, out_rt)
-        for _ in range(max_rounds):
+        steps = 0
+        settled = False
+        for r in range(max_rounds):
+            if memo:
+                h = _pack(cur, words)
+                e, slot = _memo_find(words, h, keys, hashes, table)
+                if e >= 0 and explored[e] >= max_rounds - r:
+                    settled = explored[e] == _EXPLORED
+                    break
+                if e < 0:
+                    e = stored
+                    keys[e] = words
+                    hashes[e] = h
+                    explored[e] = -1
+                    table[slot] = e
+                    stored += 1
+                path[steps] = e
+                steps += 1
             _sf._fit_subset(x, y, cur, 0, -1, rot, trans, kbuf, q, rows, wk)
             _sf._dist2(x, y, rot, trans, d2)
             _sf._select(d2, d0_search + 1.0, new)
@@ -276,7 +347,11 @@ def _search(x, y, seeds, d0, d0_search, norm, d8, use_d8, max_rounds, out_rt):
                 best = sc
                 _store(rot, trans, out_rt)
             if _settled(new, cur):
+                settled = True
                 break
+        for s in range(steps):  # the seed's r-th set was explored for max_rounds - r rounds, or all
+            e = path[s]
+            explored[e] = max(explored[e], _EXPLORED if settled else max_rounds - s)
     return best
 
 
@@ -296,7 +371,7 @@ def tm_search(x, y, *, d0: float, d0_search: float, norm: float, step: int = 1, 
     rt = np.zeros(12)
     rt[0] = rt[4] = rt[8] = 1.0
     score = _search(xc, yc, seeds(n, step), float(d0), float(d0_search), float(norm),
-                    0.0 if score_d8 is None else float(score_d8), score_d8 is not None, MAX_ROUNDS, rt)
+                    0.0 if score_d8 is None else float(score_d8), score_d8 is not None, MAX_ROUNDS, rt, True)
     rot = rt[:9].reshape(3, 3).copy()
     return float(score), rot, rt[9:] + cy - rot @ cx
 
@@ -465,7 +540,7 @@ def _pair_search(x, y, y2x, d0, d0_search, norm, step, d8, sw, rot, trans):
     ns = _seeds(n, step, seeds)
     rt[:] = 0.0
     rt[0] = rt[4] = rt[8] = 1.0
-    score = _search(xs, ys, seeds[:ns], d0, d0_search, norm, d8, True, _MAX_ROUNDS, rt)
+    score = _search(xs, ys, seeds[:ns], d0, d0_search, norm, d8, True, _MAX_ROUNDS, rt, True)
     for k in range(3):
         for m in range(3):
             rot[k, m] = rt[3 * k + m]
