@@ -142,11 +142,11 @@ def _nw(mode, x, y, rot, trans, d0sq, secx, secy, smat, gap, work, j2i):
                 i = lo + t
                 sd[lo + t] = smat[i - 1, k - i - 1]
         elif mode == _SS:
-            _diag_ss(secx, sr, bx, by, bs, n, False, 1.0, sd)
+            _diag_ss(secx, sr, bx, by, bs, n, np.bool_(False), 1.0, sd)
         else:
             _diag_tm(x0, x1, x2, y0, y1, y2, bx, by, bs, n, d0sq, sd)
             if mode == _TM_SS:
-                _diag_ss(secx, sr, bx, by, bs, n, True, 0.5, sd)
+                _diag_ss(secx, sr, bx, by, bs, n, np.bool_(True), 0.5, sd)
         _diag_step(v2, v1, a1, v0, a0, sd, mv[k], bx, bs, n, gap)
         v2, v1, v0 = v1, v0, v2
         a1, a0 = a0, a1
@@ -172,7 +172,7 @@ def _nw_all(s, gap, j2i):
     sec = np.zeros(0, np.uint8)
     eye, zero = np.eye(3), np.zeros(3)
     for b in range(b_n):
-        _nw(_MATRIX, pts, pts, eye, zero, 1.0, sec, sec, s[b], gap[b], work, j2i[b])
+        _nw(np.int64(_MATRIX), pts, pts, eye, zero, 1.0, sec, sec, s[b], gap[b], work, j2i[b])
 
 
 def nw_align(score, gap_open) -> np.ndarray:
@@ -220,10 +220,11 @@ def _fit_scratch():
 
 
 @_jit
-def _score_d8(d2, d0sq, d8sq, use_d8, norm):
+def _score_d8(d2, d0sq, d8sq, norm):
+    """Sum of 1 / (1 + d^2 / d0sq) over the pairs with d^2 <= d8sq (all when d8sq < 0), over norm."""
     s = 0.0
     for p in range(d2.shape[0]):
-        if not use_d8 or d2[p] <= d8sq:
+        if d8sq < 0.0 or d2[p] <= d8sq:
             s += 1.0 / (1.0 + d2[p] / d0sq)
     return s / norm
 
@@ -283,10 +284,10 @@ def _memo_find(words, h, keys, hashes, table):
 
 
 @_jit
-def _search(x, y, seeds, d0, d0_search, norm, d8, use_d8, max_rounds, out_rt, memo):
+def _search(x, y, seeds, d0, d0_search, norm, d8, out_rt, memo):
     """_search.tm_search's seeds and rounds on centred (3, n) rows; returns the best score, its
     superposition (of the centred sets) in out_rt[:9], out_rt[9:]. A new score is kept only when
-    strictly higher, in seed then round order: the twin's choice.
+    strictly higher, in seed then round order: the twin's choice. ``d8`` < 0: no score_d8 cutoff.
 
     A round's fit, score and next kept set depend on its kept set only. With ``memo``, every kept set
     that started a round is remembered with the number of rounds explored from it (all, once its
@@ -294,8 +295,9 @@ def _search(x, y, seeds, d0, d0_search, norm, d8, use_d8, max_rounds, out_rt, me
     there: its remaining rounds would repeat scores that were compared already, and a repeated score
     is never strictly higher than the best. The result is the same bits either way (a test checks)."""
     n = x.shape[1]
+    max_rounds = _MAX_ROUNDS
     d0sq = d0 * d0
-    d8sq = d8 * d8
+    d8sq = d8 * d8 if d8 >= 0.0 else -1.0
     best = -np.inf
     rot, trans, kbuf, q, rows, wk = _fit_scratch()
     d2 = np.empty(n)
@@ -312,16 +314,16 @@ def _search(x, y, seeds, d0, d0_search, norm, d8, use_d8, max_rounds, out_rt, me
     table = np.full(size if memo else 1, -1, np.int64)
     words = np.empty(n_words, np.uint64)
     path = np.empty(max_rounds, np.int64)  # memo entries of this seed's rounds, in order
-    stored = 0
+    stored = np.int64(0)
     for t in range(seeds.shape[0]):
         _sf._fit_subset(x, y, cur, seeds[t, 1], seeds[t, 0], rot, trans, kbuf, q, rows, wk)
         _sf._dist2(x, y, rot, trans, d2)
         _sf._select(d2, d0_search - 1.0, cur)
-        sc = _score_d8(d2, d0sq, d8sq, use_d8, norm)
+        sc = _score_d8(d2, d0sq, d8sq, norm)
         if sc > best:
             best = sc
             _store(rot, trans, out_rt)
-        steps = 0
+        steps = np.int64(0)
         settled = False
         for r in range(max_rounds):
             if memo:
@@ -332,7 +334,8 @@ def _search(x, y, seeds, d0, d0_search, norm, d8, use_d8, max_rounds, out_rt, me
                     break
                 if e < 0:
                     e = stored
-                    keys[e] = words
+                    for w in range(n_words):
+                        keys[e, w] = words[w]
                     hashes[e] = h
                     explored[e] = -1
                     table[slot] = e
@@ -342,7 +345,7 @@ def _search(x, y, seeds, d0, d0_search, norm, d8, use_d8, max_rounds, out_rt, me
             _sf._fit_subset(x, y, cur, 0, -1, rot, trans, kbuf, q, rows, wk)
             _sf._dist2(x, y, rot, trans, d2)
             _sf._select(d2, d0_search + 1.0, new)
-            sc = _score_d8(d2, d0sq, d8sq, use_d8, norm)
+            sc = _score_d8(d2, d0sq, d8sq, norm)
             if sc > best:
                 best = sc
                 _store(rot, trans, out_rt)
@@ -357,23 +360,16 @@ def _search(x, y, seeds, d0, d0_search, norm, d8, use_d8, max_rounds, out_rt, me
 
 def tm_search(x, y, *, d0: float, d0_search: float, norm: float, step: int = 1, score_d8: float | None = None):
     """:func:`protgpu.align._search.tm_search`, compiled (same arguments and result, scores to ~1e-15)."""
-    from ._search import MAX_ROUNDS, seeds
-
     _compile()
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
     n = len(x)
     if n == 0:
         return -1.0, np.eye(3), np.zeros(3)
-    cx, cy = x.mean(axis=0), y.mean(axis=0)  # centred as the twin, the translation turned back below
-    xc = np.ascontiguousarray((x - cx).T)
-    yc = np.ascontiguousarray((y - cy).T)
-    rt = np.zeros(12)
-    rt[0] = rt[4] = rt[8] = 1.0
-    score = _search(xc, yc, seeds(n, step), float(d0), float(d0_search), float(norm),
-                    0.0 if score_d8 is None else float(score_d8), score_d8 is not None, MAX_ROUNDS, rt, True)
-    rot = rt[:9].reshape(3, 3).copy()
-    return float(score), rot, rt[9:] + cy - rot @ cx
+    rot, trans = np.empty((3, 3)), np.empty(3)
+    score = _search_rows(np.array(np.asarray(x, dtype=np.float64).T, order="C"),
+                         np.array(np.asarray(y, dtype=np.float64).T, order="C"), int(step), float(d0),
+                         float(d0_search), float(norm), -1.0 if score_d8 is None else float(score_d8),
+                         np.empty((6 * n + 12, 2), np.int64), np.empty(12), rot, trans)
+    return float(score), rot, trans
 
 
 @_jit
@@ -417,7 +413,7 @@ def _fast_score(x, y, m, d0, d0_search, fw, fs):
     rot, trans, kbuf, q, rows, wk = fs
     d02 = d0 * d0
     d002 = d0_search * d0_search
-    n = 0
+    n = np.int64(0)
     for j in range(m.shape[0]):
         i = m[j]
         if i >= 0:
@@ -425,10 +421,11 @@ def _fast_score(x, y, m, d0, d0_search, fw, fs):
                 xs[k, n] = x[i, k]
                 ys[k, n] = y[j, k]
             n += 1
+    # views of the (3, L2) rows: the fits' sums in the order test_align_fast's bounds were set with
     xv, yv, dv, sv = xs[:, :n], ys[:, :n], d2[:n], sel[:n]
     _sf._fit_subset(xv, yv, sv, 0, n, rot, trans, kbuf, q, rows, wk)
     _sf._dist2(xv, yv, rot, trans, dv)
-    best = _score_d8(dv, d02, 0.0, False, 1.0)
+    best = _score_d8(dv, d02, -1.0, 1.0)
     cut = _relaxed_cut(dv, n, d002)
     kept = 0
     for p in range(n):
@@ -437,13 +434,13 @@ def _fast_score(x, y, m, d0, d0_search, fw, fs):
     if kept != n:
         _sf._fit_subset(xv, yv, sv, 0, -1, rot, trans, kbuf, q, rows, wk)
         _sf._dist2(xv, yv, rot, trans, dv)
-        s1 = _score_d8(dv, d02, 0.0, False, 1.0)
+        s1 = _score_d8(dv, d02, -1.0, 1.0)
         cut = _relaxed_cut(dv, n, d002 + 1.0)
         for p in range(n):
             sv[p] = dv[p] <= cut
         _sf._fit_subset(xv, yv, sv, 0, -1, rot, trans, kbuf, q, rows, wk)
         _sf._dist2(xv, yv, rot, trans, dv)
-        s2 = _score_d8(dv, d02, 0.0, False, 1.0)
+        s2 = _score_d8(dv, d02, -1.0, 1.0)
         best = max(max(best, s1), s2)
     return best
 
@@ -474,6 +471,14 @@ def fast_scores(x, y, maps, *, d0: float, d0_search: float) -> np.ndarray:
 
 
 @_jit
+def _copy(src, dst):
+    """dst[:] = src for two maps of one length (a loop: numba's checked slice copy compiles its error
+    message's formatting, seconds of compile time)."""
+    for j in range(src.shape[0]):
+        dst[j] = src[j]
+
+
+@_jit
 def _seeds(n, step, out):
     """_search.seeds(n, step) written to ``out`` as (length, start) rows; returns the row count."""
     lmin = min(4, n)
@@ -498,34 +503,16 @@ def _seeds(n, step, out):
 
 @_jit
 def _search_work(l2):
-    """Work arrays of _pair_search: the pairs' rows (3 n, flat), seed rows, the result's 12 numbers."""
-    return np.empty(3 * l2), np.empty(3 * l2), np.empty((6 * l2 + 12, 2), np.int64), np.empty(12)
+    """Work arrays of _pair_search for targets of l2 residues: seed rows, the result's 12 numbers."""
+    return np.empty((6 * l2 + 12, 2), np.int64), np.empty(12)
 
 
 @_jit
-def _pair_search(x, y, y2x, d0, d0_search, norm, step, d8, sw, rot, trans):
-    """numpy_twin.detailed_search: the TM-score search (pairs beyond ``d8`` score nothing) on the
-    aligned pairs of ``y2x``, centred by their means as the wrapper tm_search does. Returns the score
-    (-1 for no pair); ``rot``, ``trans`` receive its superposition of the raw coordinates."""
-    xb, yb, seeds, rt = sw
-    n = 0
-    for j in range(y2x.shape[0]):
-        if y2x[j] >= 0:
-            n += 1
-    if n == 0:
-        rot[:, :] = np.eye(3)
-        trans[:] = 0.0
-        return -1.0
-    xs = xb[:3 * n].reshape(3, n)
-    ys = yb[:3 * n].reshape(3, n)
-    p = 0
-    for j in range(y2x.shape[0]):
-        i = y2x[j]
-        if i >= 0:
-            for k in range(3):
-                xs[k, p] = x[i, k]
-                ys[k, p] = y[j, k]
-            p += 1
+def _search_rows(xs, ys, step, d0, d0_search, norm, d8, seeds, rt, rot, trans):
+    """_search.tm_search on the pairs in (3, n) rows (n > 0; centred here, in place, by their means
+    as the twin centres them): returns the score; ``rot``, ``trans`` receive its superposition of the
+    raw coordinates. ``d8`` < 0: no score_d8 cutoff."""
+    n = xs.shape[1]
     cx = np.zeros(3)
     cy = np.zeros(3)
     for k in range(3):  # NumPy's mean over the pairs: summed in order, then divided
@@ -540,13 +527,40 @@ def _pair_search(x, y, y2x, d0, d0_search, norm, step, d8, sw, rot, trans):
     ns = _seeds(n, step, seeds)
     rt[:] = 0.0
     rt[0] = rt[4] = rt[8] = 1.0
-    score = _search(xs, ys, seeds[:ns], d0, d0_search, norm, d8, True, _MAX_ROUNDS, rt, True)
+    score = _search(xs, ys, seeds[:ns], d0, d0_search, norm, d8, rt, np.bool_(True))
     for k in range(3):
         for m in range(3):
             rot[k, m] = rt[3 * k + m]
     for k in range(3):
         trans[k] = (rt[9 + k] + cy[k]) - (rot[k, 0] * cx[0] + rot[k, 1] * cx[1] + rot[k, 2] * cx[2])
     return score
+
+
+@_jit
+def _pair_search(x, y, y2x, d0, d0_search, norm, d8, sw, rot, trans):
+    """numpy_twin.detailed_search: the TM-score search (seeds every 40, pairs beyond ``d8`` score
+    nothing) on the aligned pairs of ``y2x``. Returns the score (-1 for no pair); ``rot``, ``trans``
+    receive its superposition of the raw coordinates."""
+    n = np.int64(0)
+    for j in range(y2x.shape[0]):
+        n += y2x[j] >= 0
+    if n == 0:
+        for k in range(3):
+            for m in range(3):
+                rot[k, m] = 1.0 if k == m else 0.0
+            trans[k] = 0.0
+        return -1.0
+    xs, ys = np.empty((3, n)), np.empty((3, n))
+    p = 0
+    for j in range(y2x.shape[0]):
+        i = y2x[j]
+        if i >= 0:
+            for k in range(3):
+                xs[k, p] = x[i, k]
+                ys[k, p] = y[j, k]
+            p += 1
+    seeds, rt = sw
+    return _search_rows(xs, ys, np.int64(40), d0, d0_search, norm, d8, seeds, rt, rot, trans)
 
 
 @_jit
@@ -579,7 +593,7 @@ def _superpose_rows(xs, ys, n, rot, trans, fs):
 def _fit_map(x, y, y2x, fw, fs, rot, trans):
     """numpy_twin._fit_map: the superposition of every aligned pair of ``y2x``."""
     xs, ys, _, _ = fw
-    n = 0
+    n = np.int64(0)
     for j in range(y2x.shape[0]):
         i = y2x[j]
         if i >= 0:
@@ -613,7 +627,7 @@ def _threading(xc, yc, f0, lf, on_x, min_ali, d0, d0_search, fw, fs, m, best_map
         sc = _fast_score(xc, yc, m, d0, d0_search, fw, fs)
         if sc >= best:
             best = sc
-            best_map[:] = m
+            _copy(m, best_map)
     return best
 
 
@@ -660,11 +674,11 @@ def _refine(x, y, rot, trans, d0, d0_search, l_norm, d8, gap_a, n_gaps, max_iter
     for gi in range(n_gaps):
         gap = gap_a if gi == 0 and n_gaps == 2 else 0.0
         for it in range(max_iter):
-            _nw(_TM, x, y, rot, trans, d0 * d0, none, none, smat, gap, work, m)
-            score = _pair_search(x, y, m, d0, d0_search, l_norm, 40, d8, sw, rot, trans)
+            _nw(np.int64(_TM), x, y, rot, trans, d0 * d0, none, none, smat, gap, work, m)
+            score = _pair_search(x, y, m, d0, d0_search, l_norm, d8, sw, rot, trans)
             if score > best:
                 best = score
-                best_map[:] = m
+                _copy(m, best_map)
             if it > 0 and abs(old - score) < 1e-6:
                 break
             old = score
@@ -699,11 +713,11 @@ def _local(x, y, xc, yc, d0, d0_search, work, fw, fs, rot, trans, m, best_map):
                         xs[k, p] = x[i + p, k]
                         ys[k, p] = y[j + p, k]
                 _superpose_rows(xs, ys, nf, rot, trans, fs)
-                _nw(_TM, x, y, rot, trans, d01 * d01, none, none, smat, 0.0, work, m)
+                _nw(np.int64(_TM), x, y, rot, trans, d01 * d01, none, none, smat, 0.0, work, m)
                 sc = _fast_score(xc, yc, m, d0, d0_search, fw, fs)
                 if sc > best:
                     best = sc
-                    best_map[:] = m
+                    _copy(m, best_map)
                     found = True
     return found
 
@@ -751,23 +765,23 @@ def _align_maps(x, y, xc, yc, secx, secy, d0, d0_search, d8, l_norm, dcu0, best)
     ddcc = 0.1 if l_norm <= 40 else 0.4
     for stage in range(5):
         if stage == 0:  # gapless threading
-            _threading(xc, yc, 0, l1, True, max(min(l1, l2) // 2, 5), d0, d0_search, fw, fs, tmp, m,
-                       -np.inf)
+            _threading(xc, yc, np.int64(0), l1, np.bool_(True), max(min(l1, l2) // 2, 5), d0, d0_search, fw,
+                       fs, tmp, m, -np.inf)
         elif stage == 1:  # secondary structure
-            _nw(_SS, x, y, rot, trans, 1.0, secx, secy, smat, -1.0, work, m)
+            _nw(np.int64(_SS), x, y, rot, trans, 1.0, secx, secy, smat, -1.0, work, m)
         elif stage == 2:  # local fragment superposition
             if not _local(x, y, xc, yc, d0, d0_search, work, fw, fs, rot, trans, tmp, m):
                 continue
         elif stage == 3:  # the best so far superposed, plus secondary structure
             _fit_map(x, y, best, fw, fs, rot, trans)
             d01 = d0 + 1.5
-            _nw(_TM_SS, x, y, rot, trans, d01 * d01, secx, secy, smat, -1.0, work, m)
+            _nw(np.int64(_TM_SS), x, y, rot, trans, d01 * d01, secx, secy, smat, -1.0, work, m)
         else:  # fragment gapless threading
             _frag_threading(x, xc, yc, y, dcu0, d0, d0_search, fw, fs, tmp, m)
-        score = _pair_search(x, y, m, d0, d0_search, l_norm, 40, d8, sw, rot, trans)
+        score = _pair_search(x, y, m, d0, d0_search, l_norm, d8, sw, rot, trans)
         if score > tm_max:
             tm_max = score
-            best[:] = m
+            _copy(m, best)
         gate = -np.inf if stage == 0 else tm_max * (0.2 if stage == 1 else ddcc)
         if score > gate:
             n_gaps = 1 if stage == 4 else 2
@@ -776,7 +790,7 @@ def _align_maps(x, y, xc, yc, secx, secy, d0, d0_search, d8, l_norm, dcu0, best)
                             tmp, rbest)
             if score > tm_max:
                 tm_max = score
-                best[:] = rbest
+                _copy(rbest, best)
 
 
 def align_maps(x, y, sec_x: str, sec_y: str, p) -> np.ndarray:

@@ -115,7 +115,7 @@ def test_search_memo_changes_no_bit(pair, step):
         out = []
         for memo in (False, True):
             rt = np.zeros(12)
-            score = afast._search(xc, yc, sd, p.d0, p.d0_search, float(n), p.score_d8, True, 20, rt, memo)
+            score = afast._search(xc, yc, sd, p.d0, p.d0_search, float(n), p.score_d8, rt, memo)
             out.append((score, rt))
         assert out[0][0] == out[1][0]
         assert np.array_equal(out[0][1], out[1][1])
