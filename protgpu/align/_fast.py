@@ -1,14 +1,11 @@
-"""The fast CPU path of TM-align: its DP, score matrices and TM-score search as numba-compiled loops.
+"""The fast CPU path of TM-align: numba-compiled loops, one pair per call (:func:`align_maps` runs all
+its stages without returning to Python), and its DP, quick score and TM-score search on their own.
 
 Optional, like :mod:`protgpu.scoring._fast` (whose switch, compile-on-first-use pattern and scalar QCP
 fit this module reuses): without numba, or with ``PROTGPU_NUMBA=0``, the NumPy twins in
-:mod:`protgpu.align._dp` and :mod:`protgpu.align._search` run, and they stay the specification.
-
-* :func:`nw_align` and :func:`tm_scores_matrix` follow their twins operation by operation (no
-  reassociation), so they give equal bits.
-* :func:`tm_search` visits the seeds and rounds in the twin's order with the same selection and tie
-  rule; only the fits' sums are added in another order than BLAS's (as in the scoring fast path), so
-  scores agree to ~1e-15. Why numba: ``docs/design/cpu-speed.md``.
+:mod:`protgpu.align.numpy_twin`, ``_dp`` and ``_search`` run, and they stay the specification. The DP
+gives the twin's bits (same sums, same ties); the fits add their sums in another order than BLAS's, so
+scores agree to ~1e-15 and the alignments are the twin's. Why and how: ``docs/design/cpu-speed.md``.
 """
 
 from __future__ import annotations
