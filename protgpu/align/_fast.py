@@ -17,7 +17,7 @@ import numpy as np
 
 from ..scoring import _fast as _sf
 
-_KERNELS: list[str] = []
+_KERNELS: dict = {}  # name -> fastmath flags of the functions _compile() replaces by numba dispatchers
 _compile_lock = threading.Lock()
 _READY = False  # every loop compiled (skips the check on the ~100 calls of one pair)
 
@@ -29,7 +29,14 @@ def enabled() -> bool:
 
 
 def _jit(fn):
-    _KERNELS.append(fn.__name__)
+    _KERNELS[fn.__name__] = False
+    return fn
+
+
+def _jit_sum(fn):
+    # a score's sum may be reassociated (vectorised), as scoring._fast's sums: ~1e-16 relative, and the
+    # twin's own sums are NumPy's pairwise ones
+    _KERNELS[fn.__name__] = {"reassoc", "nsz"}
     return fn
 
 
@@ -42,9 +49,10 @@ def _compile() -> None:
     with _compile_lock:
         import numba
 
-        for name in _KERNELS:
+        for name, fastmath in _KERNELS.items():
             if not hasattr(globals()[name], "py_func"):
-                globals()[name] = numba.njit(cache=True, nogil=True, error_model="numpy")(globals()[name])
+                globals()[name] = numba.njit(cache=True, nogil=True, error_model="numpy",
+                                             fastmath=fastmath)(globals()[name])
         _READY = True
 
 
@@ -216,13 +224,19 @@ def _fit_scratch():
     return np.empty((3, 3)), np.empty(3), np.empty(10), np.empty(4), np.empty((4, 4)), np.empty(15)
 
 
-@_jit
+@_jit_sum
 def _score_d8(d2, d0sq, d8sq, norm):
-    """Sum of 1 / (1 + d^2 / d0sq) over the pairs with d^2 <= d8sq (all when d8sq < 0), over norm."""
+    """Sum of 1 / (1 + d^2 / d0sq) over the pairs with d^2 <= d8sq (all when d8sq < 0), over norm.
+    Without branches in the loops (a pair past the cutoff adds 0.0), so that they vectorise."""
     s = 0.0
-    for p in range(d2.shape[0]):
-        if d8sq < 0.0 or d2[p] <= d8sq:
+    if d8sq < 0.0:
+        for p in range(d2.shape[0]):
             s += 1.0 / (1.0 + d2[p] / d0sq)
+    else:
+        for p in range(d2.shape[0]):
+            v = d2[p]
+            w = 1.0 / (1.0 + v / d0sq)
+            s += w if v <= d8sq else 0.0
     return s / norm
 
 
@@ -239,7 +253,7 @@ def _settled(new, cur):
     """Whether the kept set ``new`` equals ``cur``; ``cur`` becomes ``new``."""
     same = True
     for p in range(cur.shape[0]):
-        same = same and new[p] == cur[p]
+        same &= new[p] == cur[p]
         cur[p] = new[p]
     return same
 
