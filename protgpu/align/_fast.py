@@ -410,6 +410,20 @@ def _relaxed_cut(d2, n, cut2):
 
 
 @_jit
+def _gather(x, y, m, xs, ys):
+    """The aligned pairs of map ``m`` (L2,) into the rows xs, ys (3, >= n), in target order; returns n."""
+    n = np.int64(0)
+    for j in range(m.shape[0]):
+        i = m[j]
+        if i >= 0:
+            for k in range(3):
+                xs[k, n] = x[i, k]
+                ys[k, n] = y[j, k]
+            n += 1
+    return n
+
+
+@_jit
 def _fast_work(l2):
     """Work arrays of _fast_score for targets of l2 residues: gathered pairs, d^2, kept set."""
     return np.empty((3, l2)), np.empty((3, l2)), np.empty(l2), np.empty(l2, dtype=np.bool_)
@@ -424,14 +438,7 @@ def _fast_score(x, y, m, d0, d0_search, fw, fs):
     rot, trans, kbuf, q, rows, wk = fs
     d02 = d0 * d0
     d002 = d0_search * d0_search
-    n = np.int64(0)
-    for j in range(m.shape[0]):
-        i = m[j]
-        if i >= 0:
-            for k in range(3):
-                xs[k, n] = x[i, k]
-                ys[k, n] = y[j, k]
-            n += 1
+    n = _gather(x, y, m, xs, ys)
     # views of the (3, L2) rows: the fits' sums in the order test_align_fast's bounds were set with
     xv, yv, dv, sv = xs[:, :n], ys[:, :n], d2[:n], sel[:n]
     _sf._fit_subset(xv, yv, sv, 0, n, rot, trans, kbuf, q, rows, wk)
@@ -513,12 +520,6 @@ def _seeds(n, step, out):
 
 
 @_jit
-def _search_work(l2):
-    """Work arrays of _pair_search for targets of l2 residues: seed rows, the result's 12 numbers."""
-    return np.empty((6 * l2 + 12, 2), np.int64), np.empty(12)
-
-
-@_jit
 def _search_rows(xs, ys, step, d0, d0_search, norm, d8, seeds, rt, rot, trans):
     """_search.tm_search on the pairs in (3, n) rows (n > 0; centred here, in place, by their means
     as the twin centres them): returns the score; ``rot``, ``trans`` receive its superposition of the
@@ -562,14 +563,7 @@ def _pair_search(x, y, y2x, d0, d0_search, norm, d8, sw, rot, trans):
             trans[k] = 0.0
         return -1.0
     xs, ys = np.empty((3, n)), np.empty((3, n))
-    p = 0
-    for j in range(y2x.shape[0]):
-        i = y2x[j]
-        if i >= 0:
-            for k in range(3):
-                xs[k, p] = x[i, k]
-                ys[k, p] = y[j, k]
-            p += 1
+    _gather(x, y, y2x, xs, ys)
     seeds, rt = sw
     return _search_rows(xs, ys, np.int64(40), d0, d0_search, norm, d8, seeds, rt, rot, trans)
 
@@ -598,21 +592,6 @@ def _superpose_rows(xs, ys, n, rot, trans, fs):
     _sf._fit_from_sums(float(n), wk[0:3], wk[3:6], wk[6:15], rot, trans, kbuf, q, rows)
     for k in range(3):
         trans[k] = cy[k] - (rot[k, 0] * cx[0] + rot[k, 1] * cx[1] + rot[k, 2] * cx[2])
-
-
-@_jit
-def _fit_map(x, y, y2x, fw, fs, rot, trans):
-    """numpy_twin._fit_map: the superposition of every aligned pair of ``y2x``."""
-    xs, ys, _, _ = fw
-    n = np.int64(0)
-    for j in range(y2x.shape[0]):
-        i = y2x[j]
-        if i >= 0:
-            for k in range(3):
-                xs[k, n] = x[i, k]
-                ys[k, n] = y[j, k]
-            n += 1
-    _superpose_rows(xs, ys, n, rot, trans, fs)
 
 
 @_jit
@@ -762,7 +741,7 @@ def _align_maps(x, y, xc, yc, secx, secy, d0, d0_search, d8, l_norm, dcu0, best)
     best map (strictly higher score wins) written to ``best`` (L2,)."""
     l1, l2 = x.shape[0], y.shape[0]
     work = _dp_work(l1, l2)
-    sw = _search_work(l2)
+    sw = np.empty((6 * l2 + 12, 2), np.int64), np.empty(12)  # _pair_search's seed rows and result
     fw = _fast_work(l2)
     fs = _fit_scratch()
     rot = np.eye(3)
@@ -784,7 +763,8 @@ def _align_maps(x, y, xc, yc, secx, secy, d0, d0_search, d8, l_norm, dcu0, best)
             if not _local(x, y, xc, yc, d0, d0_search, work, fw, fs, rot, trans, tmp, m):
                 continue
         elif stage == 3:  # the best so far superposed, plus secondary structure
-            _fit_map(x, y, best, fw, fs, rot, trans)
+            # numpy_twin._fit_map: the superposition of every aligned pair of the best so far
+            _superpose_rows(fw[0], fw[1], _gather(x, y, best, fw[0], fw[1]), rot, trans, fs)
             d01 = d0 + 1.5
             _nw(np.int64(_TM_SS), x, y, rot, trans, d01 * d01, secx, secy, smat, -1.0, work, m)
         else:  # fragment gapless threading
