@@ -13,6 +13,7 @@ import numpy as np
 
 from .._threads import blas_threads
 from ..scoring._kabsch import superpose
+from . import _fast
 from ._dp import nw_align, secondary_structure, ss_scores_matrix, tm_scores_matrix
 from ._search import fast_scores, tm_search
 
@@ -280,6 +281,8 @@ class PairAlignment(NamedTuple):
 
 def align_maps(x, y, sec_x: str, sec_y: str, p: SearchParameters) -> np.ndarray:
     """TM-align's alignment of the pair: every initial alignment, each refined, the best kept."""
+    if _fast.enabled():  # the same stages as one compiled call (docs/design/cpu-speed.md)
+        return _fast.align_maps(x, y, sec_x, sec_y, p)
     tm_max, best = -1.0, np.full(len(y), -1, dtype=np.int64)
 
     def keep(score, y2x):
