@@ -104,9 +104,9 @@ FUNCTIONS = {
     "score_complex": (lambda x, ref, device: pg.score_complex(x, ref, metrics=("lddt", "rmsd"))["lddt"], False),
     "design_sanity": (lambda x, ref, device: pg.design_sanity(x)["radius_of_gyration"], True),
 }
-# No GPU path yet (tm_align's kernels are issue 17's, the complexes' batching issue 18's), and results
-# that are NumPy tables whatever came in (alignments and chain mappings are not arrays of one type):
-# in the form table on the CPU only.
+# Results that are NumPy tables whatever came in (alignments and chain mappings are not arrays of one
+# type; tm_align's and score_complex's GPU paths are checked against the CPU in tests/align and
+# tests/complexes): in the form table on the CPU only.
 CPU_ONLY = {"tm_align", "score_complex", "design_sanity"}
 
 
