@@ -80,6 +80,23 @@ def write_stats_json(path: str, command: str) -> None:
         print(f"protgpu {command}: cannot write {STATS_ENV}={path} ({why})", file=sys.stderr)
 
 
+def check_table_out(out: str | None) -> None:
+    """One-line errors for a table ``--out``, before any work: a suffix the table writer does not write,
+    or ``.parquet`` without pyarrow."""
+    from ..batch import TABLE_SUFFIXES
+
+    if not out:
+        return
+    if not out.lower().endswith(TABLE_SUFFIXES):
+        raise InputError(f"--out {out}: use a .csv, .jsonl or .parquet file name")
+    if out.lower().endswith(".parquet"):
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise InputError(f"--out {out}: writing parquet needs pyarrow (pip install pyarrow); "
+                             "or use .csv / .jsonl") from None
+
+
 def add_batch_options(p) -> None:
     """Add the batch options (``--resume --keep-going --shard --jobs --batch-size --journal-interval
     --progress-interval --scheduler --tls-ca-file --tls-cert --tls-key --workers --gpus``) to ``p``."""

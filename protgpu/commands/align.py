@@ -14,11 +14,11 @@ import sys
 import numpy as np
 
 from ..errors import InputError
+from ._batch_options import check_table_out
 from ._cli_text import add_out, add_parser
 
 COLUMNS = ("mobile", "target", "tm_mobile", "tm_target", "rmsd", "n_aligned", "seq_identity",
            "len_mobile", "len_target")
-TABLE_SUFFIXES = (".csv", ".jsonl", ".parquet")
 CHAIN_HELP = ("chain to align in every input (default: the first protein chain with a CA atom, as "
               "TM-align; other chains are ignored; the first model of a multi-model file)")
 
@@ -86,12 +86,6 @@ def rows_of(r, names_mobile, names_target, pairs) -> list[dict]:
              "tm_target": float(r.tm_target[k]), "rmsd": float(r.rmsd[k]), "n_aligned": int(r.n_aligned[k]),
              "seq_identity": float(r.seq_identity[k]), "len_mobile": int(r.lengths[k, 0]),
              "len_target": int(r.lengths[k, 1])} for k, (a, b) in enumerate(pairs)]
-
-
-def check_table_out(out: str | None) -> None:
-    """A one-line error for an ``--out`` suffix the table writer does not write (before any work)."""
-    if out and not out.lower().endswith(TABLE_SUFFIXES):
-        raise InputError(f"--out {out}: use a .csv, .jsonl or .parquet file name")
 
 
 def print_tsv(rows: list[dict], columns) -> None:

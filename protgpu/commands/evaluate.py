@@ -14,11 +14,9 @@ import sys
 
 from ..batch.inputs import expand_inputs
 from ..errors import InputError
-from ._batch_options import add_batch_options, job_device, late_device, mark, report_failures, run_job
+from ._batch_options import add_batch_options, check_table_out, job_device, late_device, mark, report_failures, run_job
 from ._cli_text import add_out, add_parser, translate_failures
 from .score import _fmt
-
-_OUT_SUFFIXES = (".csv", ".jsonl", ".parquet")
 
 
 def register(sub, common) -> None:
@@ -55,14 +53,7 @@ def evaluate_job(args, device: str):
 
 
 def run(args) -> int:
-    if args.out and not args.out.lower().endswith(_OUT_SUFFIXES):
-        raise InputError(f"--out {args.out}: use a .csv, .jsonl or .parquet file name")
-    if args.out and args.out.lower().endswith(".parquet"):
-        try:
-            import pyarrow  # noqa: F401
-        except ImportError:  # say so before evaluating anything
-            raise InputError(f"--out {args.out}: writing parquet needs pyarrow (pip install pyarrow); "
-                             "or use .csv / .jsonl") from None
+    check_table_out(args.out)
     if not 0 <= args.min_identity <= 100:
         raise InputError(f"--min-identity {args.min_identity}: a percentage from 0 to 100")
     if getattr(args, "select", None):

@@ -36,7 +36,7 @@ import numpy as np
 from ..batch.inputs import expand_inputs
 from ..batch.writers import OutputError
 from ..errors import InputError, ProtgpuError
-from ._batch_options import add_batch_options, job_device, late_device, report_failures, run_job
+from ._batch_options import add_batch_options, check_table_out, job_device, late_device, report_failures, run_job
 from ._cli_text import add_out, add_parser, cli_words, translate_failures
 
 _RMSD_OUT = (".npy", ".npz", ".csv", ".jsonl", ".parquet")
@@ -233,12 +233,8 @@ def run_rmsd(args) -> int:
     if args.superpose_out and (args.resume or args.shard or on_dask):
         raise InputError(f"--superpose-out {args.superpose_out}: needs every frame in this process; leave out "
                          "--resume, --shard and --scheduler/--workers/--gpus")
-    if args.out and args.out.lower().endswith(".parquet"):
-        try:
-            import pyarrow  # noqa: F401
-        except ImportError:  # say so before computing anything
-            raise InputError(f"--out {args.out}: writing parquet needs pyarrow (pip install pyarrow); "
-                             "or use .csv / .jsonl") from None
+    if table:
+        check_table_out(args.out)
     paths = expand_inputs(args.inputs)
     device = late_device(args)  # auto: decided by the job's warm-up, after the parse workers started
     ref = load(args.ref, top=args.top)

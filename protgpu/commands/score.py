@@ -20,11 +20,10 @@ import numpy as np
 
 from ..batch.inputs import expand_inputs
 from ..errors import InputError
-from ._batch_options import add_batch_options, job_device, late_device, mark, report_failures, run_job
+from ._batch_options import add_batch_options, check_table_out, job_device, late_device, mark, report_failures, run_job
 from ._cli_text import add_out, add_parser, translate_failures
 
 METRICS = ("tm", "lddt", "gdt", "rmsd")
-_OUT_SUFFIXES = (".csv", ".jsonl", ".parquet")
 
 
 def register(sub, common) -> None:
@@ -90,8 +89,7 @@ def run_consensus(args) -> int:
 
     if args.ref:
         raise InputError("--consensus ranks models against each other: leave out --ref")
-    if args.out and not args.out.lower().endswith(_OUT_SUFFIXES):
-        raise InputError(f"--out {args.out}: use a .csv, .jsonl or .parquet file name")
+    check_table_out(args.out)
     temperature = DEFAULT_TEMPERATURE if args.temperature is None else args.temperature
     device, where = job_device(args)
     paths = expand_inputs(args.inputs)
@@ -130,14 +128,7 @@ def run(args) -> int:
         raise InputError("--temperature only applies with --consensus")
     _metrics(args.metrics)  # option errors first, before any file is touched
     _normalize_by(args.normalize_by)
-    if args.out and not args.out.lower().endswith(_OUT_SUFFIXES):
-        raise InputError(f"--out {args.out}: use a .csv, .jsonl or .parquet file name")
-    if args.out and args.out.lower().endswith(".parquet"):
-        try:
-            import pyarrow  # noqa: F401
-        except ImportError:  # say so before scoring anything
-            raise InputError(f"--out {args.out}: writing parquet needs pyarrow (pip install pyarrow); "
-                             "or use .csv / .jsonl") from None
+    check_table_out(args.out)
     if args.plot:
         from ..plotting import require_figure
 

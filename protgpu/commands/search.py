@@ -14,8 +14,9 @@ from __future__ import annotations
 import sys
 import time
 
+from ._batch_options import check_table_out
 from ._cli_text import add_out, add_parser
-from .align import CHAIN_HELP, check_table_out, print_tsv
+from .align import CHAIN_HELP, print_tsv
 
 COLUMNS = ("query", "target", "tm_query", "tm_target", "rmsd", "n_aligned", "seq_identity")
 def register(sub, common) -> None:
