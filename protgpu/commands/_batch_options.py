@@ -192,6 +192,16 @@ def run_job(args, job, paths: list[str], *, description: str, on_result=None):
     return summary
 
 
+def print_run_line(summary, what: str, where: str) -> None:
+    """The closing line of a table command on stderr: ``what`` (e.g. "12 model(s)"), the files, resumed
+    ones, the device, seconds, files per second and the output."""
+    dest = f" -> {summary.out}" if summary.out else ""
+    resumed = f" ({summary.n_resumed} resumed)" if summary.n_resumed else ""
+    rate = summary.n_inputs / summary.elapsed_s if summary.elapsed_s > 0 else 0.0
+    print(f"{what} from {summary.n_ok} file(s){resumed} on the {where}: {summary.elapsed_s:.2f} s, "
+          f"{rate:.1f} files/s{dest}", file=sys.stderr)
+
+
 def report_failures(summary, description: str, quiet: bool = False) -> None:
     """One stderr line per failed input when there is no errors file, else one line naming the file."""
     if not summary.n_failed:

@@ -10,11 +10,18 @@ and interface counts). Runs through the batch engine: resume, keep-going, shards
 
 from __future__ import annotations
 
-import sys
-
 from ..batch.inputs import expand_inputs
 from ..errors import InputError
-from ._batch_options import add_batch_options, check_table_out, job_device, late_device, mark, report_failures, run_job
+from ._batch_options import (
+    add_batch_options,
+    check_table_out,
+    job_device,
+    late_device,
+    mark,
+    print_run_line,
+    report_failures,
+    run_job,
+)
 from ._cli_text import add_out, add_parser, translate_failures
 from .score import _fmt
 
@@ -70,11 +77,7 @@ def run(args) -> int:
         for r in rows:
             print("\t".join(_fmt(r.get(c)) for c in job.columns))
     if not args.quiet:
-        dest = f" -> {summary.out}" if summary.out else ""
-        resumed = f" ({summary.n_resumed} resumed)" if summary.n_resumed else ""
-        rate = summary.n_inputs / summary.elapsed_s if summary.elapsed_s > 0 else 0.0
-        print(f"{len(rows)} design(s) from {summary.n_ok} file(s){resumed} on the {job_device(args)[1]}: "
-              f"{summary.elapsed_s:.2f} s, {rate:.1f} files/s{dest}", file=sys.stderr)
+        print_run_line(summary, f"{len(rows)} design(s)", job_device(args)[1])
     report_failures(translate_failures(summary, "evaluate"), "evaluate")
     return summary.exit_code
 

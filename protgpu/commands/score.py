@@ -20,7 +20,16 @@ import numpy as np
 
 from ..batch.inputs import expand_inputs
 from ..errors import InputError
-from ._batch_options import add_batch_options, check_table_out, job_device, late_device, mark, report_failures, run_job
+from ._batch_options import (
+    add_batch_options,
+    check_table_out,
+    job_device,
+    late_device,
+    mark,
+    print_run_line,
+    report_failures,
+    run_job,
+)
 from ._cli_text import add_out, add_parser, translate_failures
 
 METRICS = ("tm", "lddt", "gdt", "rmsd")
@@ -155,11 +164,7 @@ def run(args) -> int:
         per_residue_plot(per, args.plot, labels=labels, names=[r["model"] for r in rows],
                          title=f"per-residue lDDT vs {os.path.basename(args.ref)}")
     if not args.quiet:
-        dest = f" -> {summary.out}" if summary.out else ""
-        resumed = f" ({summary.n_resumed} resumed)" if summary.n_resumed else ""
-        rate = summary.n_inputs / summary.elapsed_s if summary.elapsed_s > 0 else 0.0
-        print(f"{len(rows)} model(s) from {summary.n_ok} file(s){resumed} on the {where}: "
-              f"{summary.elapsed_s:.2f} s, {rate:.1f} files/s{dest}", file=sys.stderr)
+        print_run_line(summary, f"{len(rows)} model(s)", where)
     report_failures(translate_failures(summary, "score"), "score")
     return summary.exit_code
 
