@@ -101,13 +101,14 @@ FUNCTIONS = {
     "native_contacts": (_native, True),
     "cluster": (lambda x, ref, device: pg.cluster(x, method="kmedoids", k=2, device=device).labels, False),
     "tm_align": (lambda x, ref, device: pg.tm_align(x, ref, device=device).tm, False),
+    "tm_align_matrix": (lambda x, ref, device: pg.tm_align_matrix(x, device=device), False),
     "score_complex": (lambda x, ref, device: pg.score_complex(x, ref, metrics=("lddt", "rmsd"))["lddt"], False),
     "design_sanity": (lambda x, ref, device: pg.design_sanity(x)["radius_of_gyration"], True),
 }
 # Results that are NumPy tables whatever came in (alignments and chain mappings are not arrays of one
 # type; tm_align's and score_complex's GPU paths are checked against the CPU in tests/align and
 # tests/complexes): in the form table on the CPU only.
-CPU_ONLY = {"tm_align", "score_complex", "design_sanity"}
+CPU_ONLY = {"tm_align", "tm_align_matrix", "score_complex", "design_sanity"}
 
 
 def _host(result) -> np.ndarray:
