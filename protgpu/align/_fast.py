@@ -11,15 +11,10 @@ scores agree to ~1e-15 and the alignments are the twin's. Why and how: ``docs/de
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 
 from ..scoring import _fast as _sf
-
-_KERNELS: dict = {}  # name -> fastmath flags of the functions _compile() replaces by numba dispatchers
-_compile_lock = threading.Lock()
-_READY = False  # every loop compiled (skips the check on the ~100 calls of one pair)
 
 
 def enabled() -> bool:
@@ -28,32 +23,9 @@ def enabled() -> bool:
     return _sf.enabled()
 
 
-def _jit(fn):
-    _KERNELS[fn.__name__] = False
-    return fn
-
-
-def _jit_sum(fn):
-    # a score's sum may be reassociated (vectorised), as scoring._fast's sums: ~1e-16 relative, and the
-    # twin's own sums are NumPy's pairwise ones
-    _KERNELS[fn.__name__] = {"reassoc", "nsz"}
-    return fn
-
-
-def _compile() -> None:
-    """Replace this module's loops by numba dispatchers, once (after the scoring loops they call)."""
-    global _READY
-    if _READY:
-        return
-    _sf._compile()
-    with _compile_lock:
-        import numba
-
-        for name, fastmath in _KERNELS.items():
-            if not hasattr(globals()[name], "py_func"):
-                globals()[name] = numba.njit(cache=True, nogil=True, error_model="numpy",
-                                             fastmath=fastmath)(globals()[name])
-        _READY = True
+# this module's loops, compiled after the scoring loops they call (the fits, the score sums)
+_LOOPS = _sf.Loops(globals(), after=_sf._compile)
+_jit, _jit_sum, _compile = _LOOPS.jit, _LOOPS.jit_sum, _LOOPS.compile
 
 
 _DIAG, _LEFT, _UP = 0, 1, 2  # _dp's traceback moves

@@ -55,34 +55,46 @@ def enabled() -> bool:
     return _IMPORTABLE
 
 
-_KERNELS: dict = {}  # name -> fastmath flags of the functions _compile() replaces by numba dispatchers
-_compile_lock = threading.Lock()
+class Loops:
+    """The loop functions of one module that :meth:`compile` replaces by numba dispatchers, once, in the
+    module's namespace: numba resolves callees by their global names when it compiles a first call, so
+    all are replaced before any is called. ``jit`` marks a loop; ``jit_sum`` one whose sums may be
+    reassociated (vectorised): the same compiled order whatever the thread count, within ~1e-15
+    relative of the NumPy twin's BLAS / pairwise sums (which differ from a plain loop anyway)."""
 
+    def __init__(self, namespace: dict, after=None):
+        self._ns, self._after = namespace, after  # after: a callable compiling the loops these call
+        self._flags: dict = {}  # name -> numba fastmath flags
+        self._lock = threading.Lock()
+        self._ready = False
 
-def _jit(fn):
-    _KERNELS[fn.__name__] = False
-    return fn
+    def jit(self, fn):
+        self._flags[fn.__name__] = False
+        return fn
 
+    def jit_sum(self, fn):
+        self._flags[fn.__name__] = {"reassoc", "nsz"}
+        return fn
 
-def _jit_sum(fn):
-    # Sums may be reassociated (vectorised): the same compiled order whatever the thread count, within
-    # ~1e-15 relative of the NumPy twin's BLAS / pairwise sums (which differ from a plain loop anyway).
-    _KERNELS[fn.__name__] = {"reassoc", "nsz"}
-    return fn
-
-
-def _compile() -> None:
-    """Replace this module's loop functions by numba dispatchers, once. numba resolves callees by their
-    global names when it compiles a first call, so all are replaced before any is called."""
-    with _compile_lock:
-        if all(hasattr(globals()[n], "py_func") for n in _KERNELS):
+    def compile(self) -> None:
+        if self._ready:  # the common case, ~100 times per TM-align pair: no lock
             return
-        import numba
+        if self._after is not None:
+            self._after()
+        with self._lock:
+            if self._ready:
+                return
+            import numba
 
-        for name, fastmath in _KERNELS.items():
-            if not hasattr(globals()[name], "py_func"):
-                globals()[name] = numba.njit(cache=True, nogil=True, error_model="numpy",
-                                             fastmath=fastmath)(globals()[name])
+            for name, fastmath in self._flags.items():
+                if not hasattr(self._ns[name], "py_func"):
+                    self._ns[name] = numba.njit(cache=True, nogil=True, error_model="numpy",
+                                                fastmath=fastmath)(self._ns[name])
+            self._ready = True
+
+
+_LOOPS = Loops(globals())
+_jit, _jit_sum, _compile = _LOOPS.jit, _LOOPS.jit_sum, _LOOPS.compile
 
 
 _MAX_ITERS = _q.MAX_ITERS
