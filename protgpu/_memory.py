@@ -107,3 +107,40 @@ def rows_per_chunk(bytes_per_row: int, n_rows: int, budget: int) -> int:
     if bytes_per_row <= 0:
         return max(n_rows, 1)
     return int(max(1, min(n_rows, budget // bytes_per_row)))
+
+
+class DevicePeak:
+    """Peak of live device memory in CuPy's pool while the ``with`` block runs (tests, benchmarks: the
+    budget is a bound on what is allocated at once, which the pool's cached total does not show).
+
+    Attributes
+    ----------
+    live : int
+        Most bytes allocated at once from the pool, above what was live on entry.
+    pool : int
+        The pool's total (live and cached) bytes on exit.
+    """
+
+    def __enter__(self):
+        import cupy as cp
+        from cupy.cuda.memory_hook import MemoryHook
+
+        pool = cp.get_default_memory_pool()
+        base = pool.used_bytes()
+        tracker = self
+
+        class _Hook(MemoryHook):
+            name = "protgpu_device_peak"
+
+            def malloc_postprocess(self, **kwargs):
+                tracker.live = max(tracker.live, pool.used_bytes() - base)
+
+        self.live, self.pool, self._pool = 0, 0, pool
+        self._hook = _Hook()
+        self._hook.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hook.__exit__(*exc)
+        self.pool = self._pool.total_bytes()
+        return False

@@ -303,7 +303,9 @@ def pairwise_rows_cuda(plan: PairPlan, idx, out_dtype=np.float64):
     sub.a = plan.a[(3 * idx[:, None] + cp.arange(3)).reshape(-1)]
     sub.ga, sub.f, sub.symmetric = plan.ga[idx], m, False
     dst = cp.empty((m, plan.g), dtype=plan.odt)
-    avail = max(panel_bytes(device_budget_bytes()), 9 * m * 32 * plan.prec.itemsize)
+    # the panel shares the budget with what stays resident: coordinates, the gathered rows, the strip
+    resident = plan.fixed + sub.a.nbytes + dst.nbytes
+    avail = max(panel_bytes(device_budget_bytes() - resident), 9 * m * 32 * plan.prec.itemsize)
     p0 = 0
     while p0 < plan.g:
         p1 = p0 + sub.panel_cols(m, avail, 32, p0)

@@ -55,6 +55,26 @@ def test_gromos_gpu_small_strips():
     assert lab.tolist() == lab0.tolist() and cen.tolist() == cen0.tolist()
 
 
+@pytest.mark.parametrize("frames", [3000, 6000])
+def test_gromos_gpu_live_peak_within_budget(monkeypatch, frames):
+    # F x F float64 would be 72 MB (3,000) and 288 MB (6,000): the budget of 32 MB bounds what is allocated
+    # at once, and the clusters are those of the twin on the full matrix.
+    import cupy as cp
+
+    from protgpu._memory import DevicePeak
+
+    budget = 32_000_000
+    monkeypatch.setenv("PROTGPU_GPU_MEMORY_BUDGET", str(budget))
+    x = ensemble(3, f=frames, n=60, spread=0.8)
+    xd = cp.asarray(x)
+    cp.get_default_memory_pool().free_all_blocks()
+    with DevicePeak() as peak:
+        c = pg.cluster(xd, cutoff=3.0, device="gpu")
+    assert 0 < peak.live <= budget, peak.live
+    lab0, cen0 = gromos.gromos_numpy(pg.pairwise_rmsd(x, out=np.empty((frames, frames)), device="cpu"), 3.0)
+    assert cp.asnumpy(c.labels).tolist() == lab0.tolist() and cp.asnumpy(c.medoids).tolist() == cen0.tolist()
+
+
 def test_kmedoids_gpu_equals_cpu():
     x = ensemble(3)
     for seed in (0, 1):
