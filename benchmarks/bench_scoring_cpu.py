@@ -189,6 +189,8 @@ def main(argv=None) -> None:
                      "anchor_s": anchor_s, "protgpu_fast_s": fast_s, "protgpu_numpy_s": numpy_s,
                      "ratio_fast": anchor_s / fast_s if anchor_s and fast_s else None,
                      "ratio_numpy": anchor_s / numpy_s if anchor_s and numpy_s else None})
+        # each row as it is measured: a run cut short by a time limit still shows what it got
+        print(f"{metric} | {case} | {anchor_name} {anchor_s} | fast {fast_s} | numpy {numpy_s}", flush=True)
 
     reps = max(1, a.repeat // 5)
     if "tm_score" in want:
