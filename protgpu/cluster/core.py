@@ -12,15 +12,10 @@ from .._autograd import refuse_grad
 from .._inputs import check_finite, check_shape, coordinates, host_view, is_array
 from ..errors import InputError, MemoryBudgetError
 from . import gromos, hierarchical, kmedoids
-from .source import MatrixRows, RmsdRows
+from .source import MatrixRows, RmsdRows, TmRows
 
 METHODS = ("gromos", "kmedoids", "hierarchical")
 LINKAGES = ("single", "complete", "average")
-
-TM_MESSAGE = ("metric='tm' needs the all-vs-all TM-score kernels of the TM-align issue, which protgpu does "
-              "not have yet (pg.tm_score scores against one reference: F calls of F models); pass metric= a "
-              "precomputed (F, F) matrix of 1 - TM-score")
-
 
 class Clustering(NamedTuple):
     """What :func:`cluster` returns.
@@ -58,8 +53,6 @@ def _is_matrix(m) -> bool:
 
 def _source(x, metric, fit, weights, device, precision):
     """The row source and the Backend for the call."""
-    if isinstance(metric, str) and metric == "tm":
-        raise InputError(TM_MESSAGE)
     if isinstance(metric, str) and metric == "precomputed":
         metric, x = x, None
     if not isinstance(metric, str):
@@ -75,10 +68,10 @@ def _source(x, metric, fit, weights, device, precision):
             if frames != src.n:
                 raise InputError(f"metric: the matrix is {src.n} x {src.n} but {xname} has {frames} frames")
         return src, be
-    if metric != "rmsd":
+    if metric not in ("rmsd", "tm"):
         raise InputError(f"metric {metric!r}: use 'rmsd', 'tm', 'precomputed' or an (F, F) matrix")
     if x is None:
-        raise InputError("x: coordinates are needed for metric='rmsd'")
+        raise InputError(f"x: coordinates are needed for metric={metric!r}")
     from ..superpose._prepare import resolve_selection, resolve_weights
 
     xa, xs, xname = coordinates(x, "x")
@@ -98,6 +91,13 @@ def _source(x, metric, fit, weights, device, precision):
         arr = arr.astype(np.float64)
     if arr.ndim == 2:
         arr = arr[None]
+    if metric == "tm":
+        if fit_idx is None and xs is not None:
+            fit_idx = resolve_selection("ca", xs, shape[-2], xname, "fit", other=None)
+        ca = arr if fit_idx is None else arr[:, fit_idx]
+        if ca.shape[1] < 5:
+            raise InputError(f"{xname}: metric='tm' needs at least 5 residues (one CA each), got {ca.shape[1]}")
+        return TmRows(ca, on_gpu=be.on_gpu, name=xname), be
     return RmsdRows(arr, fit=fit_idx, weights=w, on_gpu=be.on_gpu, precision=precision, name=xname), be
 
 
@@ -117,11 +117,15 @@ def cluster(x=None, *, method: str = "gromos", metric="rmsd", cutoff=None, k=Non
     metric : "rmsd", "tm", "precomputed" or array (F, F)
         ``"rmsd"``: RMSD after superposition on ``fit`` atoms (rows from the all-vs-all RMSD engine);
         an (F, F) matrix (NumPy, CuPy, np.memmap, Zarr) is read row strip by row strip;
-        ``"precomputed"`` takes ``x`` as that matrix. ``"tm"`` is an error for now (it needs all-vs-all
-        TM-score kernels): pass a 1 - TM-score matrix instead.
+        ``"precomputed"`` takes ``x`` as that matrix. ``"tm"``: 1 - TM-score between frames with the
+        same residues (a trajectory, an ensemble), the TMscore program's search (:func:`protgpu.tm_score`;
+        one CA per residue: the ``fit`` atoms, else the CA atoms of a Structure, else every row of the
+        array), each row one call of all F frames against one frame, so O(F^2) searches (~18,000 a
+        second on an H200 at 214 residues): for thousands of frames, not 100,000. Structures of different
+        sequences: pass ``1 - protgpu.tm_align_matrix(...)`` (symmetrised as you see fit) as the matrix.
     cutoff : float
-        Angstrom (RMSD). GROMOS: neighbours are frames at a distance < cutoff; hierarchical: the height
-        ``fcluster`` cuts at (criterion "distance").
+        Angstrom for RMSD, 1 - TM-score for ``"tm"`` (0.5: TM-score above 0.5). GROMOS: neighbours are
+        frames at a distance < cutoff; hierarchical: the height ``fcluster`` cuts at (criterion "distance").
     k : int
         Clusters for k-medoids, or for hierarchical (``fcluster`` criterion "maxclust").
     linkage : {"single", "complete", "average"}
@@ -145,7 +149,8 @@ def cluster(x=None, *, method: str = "gromos", metric="rmsd", cutoff=None, k=Non
     ------
     InputError
         Unknown method or linkage, a missing or non-positive ``cutoff``, ``k`` not in 1..F, fewer than 2
-        frames, NaN coordinates or distances, a matrix that is not square, ``metric="tm"``.
+        frames, NaN coordinates or distances, a matrix that is not square, fewer than 5 residues for
+        ``metric="tm"``.
 
     Examples
     --------

@@ -68,6 +68,21 @@ class Rows:
             c = idx[k:k + self.strip_rows]
             yield c, self.rows(c)
 
+    def condensed(self) -> np.ndarray:
+        """The upper triangle as SciPy's condensed vector, float64 NumPy (checked, strip by strip)."""
+        from .._memory import check_host_fits
+
+        n = self.n
+        check_host_fits(8 * n * (n - 1) // 2, "the condensed distance matrix")
+        out = np.empty(n * (n - 1) // 2)
+        k = 0
+        for i0, i1, s in self.strips():
+            s = to_numpy(s)
+            for i in range(i0, i1):
+                out[k:k + n - i - 1] = s[i - i0, i + 1:]
+                k += n - i - 1
+        return out
+
     def check(self, r, idx):
         """``r`` (rows ``idx``) unless it holds NaN, infinite or negative distances: then one line."""
         xp = self.xp
@@ -185,17 +200,40 @@ class MatrixRows(Rows):
         r = self.xp.asarray(r if self.on_gpu else to_numpy(r), dtype=self.xp.float64)
         return self.check(r, idx)
 
-    def condensed(self) -> np.ndarray:
-        """The upper triangle as SciPy's condensed vector, float64 NumPy (checked, strip by strip)."""
-        from .._memory import check_host_fits
 
-        n = self.n
-        check_host_fits(8 * n * (n - 1) // 2, "the condensed distance matrix")
-        out = np.empty(n * (n - 1) // 2)
-        k = 0
-        for i0, i1, s in self.strips():
-            s = to_numpy(s)
-            for i in range(i0, i1):
-                out[k:k + n - i - 1] = s[i - i0, i + 1:]
-                k += n - i - 1
+
+class TmRows(Rows):
+    """Rows of 1 - TM-score between frames with a fixed residue correspondence (the frames of one
+    trajectory or ensemble: residue r of one frame is residue r of every other), each row one
+    :func:`protgpu.tm_score` call of all frames against the row's frame (the TMscore program's search,
+    normalised by the common length).
+
+    Parameters
+    ----------
+    ca : np.ndarray or cupy.ndarray, shape (F, L, 3)
+        One atom per residue (CA), Angstrom; checked finite by the caller.
+    on_gpu : bool
+    """
+
+    def __init__(self, ca, *, on_gpu=False, name="x"):
+        self.ca, self.n, self.on_gpu, self.name = ca, int(ca.shape[0]), bool(on_gpu), name
+        if on_gpu:
+            import cupy as cp
+
+            self.xp = cp
+            self.ca = cp.asarray(ca, dtype=cp.float64)
+
+    def rows(self, idx):
+        """1 - TM-score of every frame against each frame of ``idx``: (len(idx), F) float64 in ``xp``.
+        TM-score of two frames of equal length is the same either way round up to rounding (~1e-15)."""
+        from ..scoring.tmscore import tm_score
+
+        idx = np.arange(self.n)[idx] if isinstance(idx, slice) else np.asarray(idx, dtype=np.int64)
+        xp = self.xp
+        out = xp.empty((idx.size, self.n), dtype=xp.float64)
+        dev = "gpu" if self.on_gpu else "cpu"
+        for k, i in enumerate(idx.tolist()):
+            tm = xp.asarray(tm_score(self.ca, self.ca[i], device=dev).tm, dtype=xp.float64)
+            out[k] = xp.maximum(1.0 - tm, 0.0)  # a TM-score of 1 + 1 ulp is a distance of 0, not -2e-16
+            out[k, i] = 0.0
         return out

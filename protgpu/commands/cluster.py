@@ -1,7 +1,7 @@
 """``protgpu cluster``: cluster the frames of all inputs by RMSD after superposition.
 
-``protgpu cluster INPUT... --method gromos --cutoff 2.0 [--select ca] --out clusters.csv
-[--representatives reps.pdb] [--plot fig.png]``
+``protgpu cluster INPUT... --method gromos --cutoff 2.0 [--select ca] [--metric rmsd|tm]
+--out clusters.csv [--representatives reps.pdb] [--plot fig.png]``
 
 One clustering over the frames of all inputs, stacked in input order (as ``protgpu pairwise-rmsd``: the
 engine parses the inputs, ``-j`` and ``--keep-going`` apply). ``--out`` is a table (``.csv``, ``.jsonl``,
@@ -43,7 +43,11 @@ def register(sub, common) -> None:
     p.add_argument("--method", "-m", choices=("gromos", "kmedoids", "hierarchical"), default="gromos",
                    help="GROMOS (Daura et al. 1999, needs --cutoff), k-medoids (FasterPAM, needs --k) or "
                         "hierarchical (--linkage, cut at --cutoff or into --k clusters); default gromos")
-    p.add_argument("--cutoff", "-c", type=float, help="RMSD cutoff, Angstrom (GROMOS neighbours: RMSD < cutoff)")
+    p.add_argument("--metric", choices=("rmsd", "tm"), default="rmsd",
+                   help="distance between frames: RMSD after superposition (default), or 1 - TM-score of frames "
+                        "with the same residues (needs --select ca; O(frames^2) TM-score searches)")
+    p.add_argument("--cutoff", "-c", type=float,
+                   help="GROMOS neighbours: distance < cutoff (Angstrom for RMSD; 1 - TM-score for --metric tm)")
     p.add_argument("--k", type=int, help="number of clusters (k-medoids, hierarchical)")
     p.add_argument("--linkage", choices=("single", "complete", "average"), default="average",
                    help="hierarchical linkage (default average)")
@@ -80,8 +84,10 @@ def run(args) -> int:
         from ..plotting import require_figure
 
         require_figure(args.plot)
-    job = ClusterRun(method=args.method, cutoff=args.cutoff, k=args.k, linkage=args.linkage, seed=args.seed,
-                     precision=args.precision, device=args.device)
+    if args.metric == "tm" and (args.select or "").strip().lower() != "ca":
+        raise InputError("--metric tm: add --select ca (the TM-score takes one CA atom per residue)")
+    job = ClusterRun(method=args.method, metric=args.metric, cutoff=args.cutoff, k=args.k, linkage=args.linkage,
+                     seed=args.seed, precision=args.precision, device=args.device)
     job.check()
     if args.device != "auto":
         dispatch(device=args.device)

@@ -230,7 +230,6 @@ def test_structure_and_path_inputs():
     ({"method": "hierarchical"}, "exactly one of cutoff"),
     ({"method": "hierarchical", "k": 2, "linkage": "ward"}, "linkage 'ward'"),
     ({"method": "dbscan", "cutoff": 1}, "method 'dbscan'"),
-    ({"metric": "tm", "cutoff": 1}, "TM-align issue"),
     ({"metric": "euclid", "cutoff": 1}, "metric 'euclid'"),
     ({"metric": np.zeros((3, 4)), "cutoff": 1}, "must be square"),
     ({"metric": np.zeros((5, 5)), "cutoff": 1}, "the matrix is 5 x 5 but x has 40 frames"),

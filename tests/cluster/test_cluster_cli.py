@@ -82,3 +82,20 @@ def test_cluster_one_frame_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "at least 2 frames, got 1" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cluster_metric_tm(tmp_path):
+    frames = pg.load(DATA, top=TOP).frames(np.arange(0, 98, 10))
+    src, out = tmp_path / "ten.pdb", tmp_path / "c.csv"
+    pg.save(frames, str(src))
+    assert main(["cluster", str(src), "--select", "ca", "--metric", "tm", "--cutoff", "0.05", "--out", str(out)]) == 0
+    want = pg.cluster(frames.select("ca").coords, metric="tm", cutoff=0.05, device="cpu")
+    assert [int(r["cluster"]) for r in csv.DictReader(out.open())] == want.labels.tolist()
+    assert len(want.sizes) > 1
+
+
+def test_cluster_metric_tm_needs_ca(tmp_path, capsys):
+    out = tmp_path / "c.csv"
+    assert main(["cluster", DATA, "--top", TOP, "--metric", "tm", "--cutoff", "0.1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--select ca" in err[0] and not out.exists()

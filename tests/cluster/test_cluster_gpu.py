@@ -75,6 +75,15 @@ def test_gromos_gpu_live_peak_within_budget(monkeypatch, frames):
     assert cp.asnumpy(c.labels).tolist() == lab0.tolist() and cp.asnumpy(c.medoids).tolist() == cen0.tolist()
 
 
+def test_tm_metric_gpu_equals_cpu():
+    x = ensemble(4, f=40, n=50, spread=0.7)  # six GROMOS clusters at 1 - TM < 0.5
+    for method, kw in (("gromos", {"cutoff": 0.5}), ("hierarchical", {"k": 4})):
+        g = pg.cluster(x, metric="tm", method=method, device="gpu", **kw)
+        c = pg.cluster(x, metric="tm", method=method, device="cpu", **kw)
+        assert g.labels.tolist() == c.labels.tolist() and g.medoids.tolist() == c.medoids.tolist()
+        assert len(c.sizes) > 1
+
+
 def test_kmedoids_gpu_equals_cpu():
     x = ensemble(3)
     for seed in (0, 1):

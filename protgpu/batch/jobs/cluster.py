@@ -16,18 +16,19 @@ class ClusterRun:
 
     Parameters
     ----------
-    method, cutoff, k, linkage, seed, precision, device
-        As :func:`protgpu.cluster`.
+    method, metric, cutoff, k, linkage, seed, precision, device
+        As :func:`protgpu.cluster` (``metric`` "rmsd" or "tm"; for "tm" the loaded atoms are one CA per
+        residue: ``--select ca``).
     """
 
-    def __init__(self, *, method: str = "gromos", cutoff=None, k=None, linkage: str = "average", seed=0,
-                 precision: str = "float64", device: str = "auto"):
-        self.method, self.cutoff, self.k, self.linkage = method, cutoff, k, linkage
+    def __init__(self, *, method: str = "gromos", metric: str = "rmsd", cutoff=None, k=None,
+                 linkage: str = "average", seed=0, precision: str = "float64", device: str = "auto"):
+        self.method, self.metric, self.cutoff, self.k, self.linkage = method, metric, cutoff, k, linkage
         self.seed, self.precision, self.device = seed, precision, device
 
     def options(self) -> dict:
-        return {"method": self.method, "cutoff": self.cutoff, "k": self.k, "linkage": self.linkage,
-                "seed": self.seed, "precision": self.precision}
+        return {"method": self.method, "metric": self.metric, "cutoff": self.cutoff, "k": self.k,
+                "linkage": self.linkage, "seed": self.seed, "precision": self.precision}
 
     def check(self) -> None:
         """The parameters' errors before any input is read (the domain function's own checks)."""
@@ -43,8 +44,8 @@ class ClusterRun:
         """:func:`protgpu.cluster` of ``coords`` (F, N, 3)."""
         from ...cluster import cluster
 
-        return cluster(coords, method=self.method, cutoff=self.cutoff, k=self.k, linkage=self.linkage,
-                       seed=self.seed, precision=self.precision, device=self.device)
+        return cluster(coords, method=self.method, metric=self.metric, cutoff=self.cutoff, k=self.k,
+                       linkage=self.linkage, seed=self.seed, precision=self.precision, device=self.device)
 
     @staticmethod
     def frame_index(entries: list[dict]):
