@@ -40,6 +40,27 @@ def random_rotation(rng):
     return qcp.quaternion_to_rotation((q / np.linalg.norm(q))[None])[0]
 
 
+#: Degenerate superposition inputs whose gradients must stay finite (issue 20).
+DEGENERATE_CASES = ("identical", "planar", "collinear", "both collinear")
+
+
+def degenerate_pair(case: str, rng):
+    """(x (2, 12, 3), y (12, 3)) for one of :data:`DEGENERATE_CASES`: x identical to y up to a rigid
+    motion, planar, collinear, or both x and y on one line."""
+    y = rng.normal(size=(12, 3)) * 4
+    line = np.arange(12.0)[:, None] * np.array([1.0, 2.0, 0.5]) + 0.1
+    if case == "identical":
+        x = np.stack([y, y @ random_rotation(rng).T + 3.0])
+    elif case == "planar":
+        y[:, 2] = 0.0
+        x = np.stack([y + rng.normal(size=y.shape) * 0.3 * [1, 1, 0]] * 2)
+    elif case == "collinear":
+        x = np.stack([line, line + 1.0])
+    else:
+        y = line.copy()
+        x = np.stack([line @ random_rotation(rng).T, line + 2.0])
+    return x, y
+
 def kabsch_rmsd_matrix(x, y):
     return np.array([[kabsch(a, b)[0] for b in y] for a in x])
 

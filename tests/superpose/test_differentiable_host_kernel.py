@@ -11,7 +11,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from superpose_helpers import _PRELUDE, random_rotation
+from superpose_helpers import _PRELUDE, DEGENERATE_CASES, degenerate_pair, random_rotation
 
 from protgpu.superpose import differentiable as D
 from protgpu.superpose import to_reference
@@ -154,21 +154,10 @@ def test_reference_chunks_sum_to_the_same(on_host, monkeypatch):
     torch.testing.assert_close(many, one, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("case", ["identical", "planar", "collinear", "both collinear"])
+@pytest.mark.parametrize("case", DEGENERATE_CASES)
 def test_degenerate_inputs_are_finite(on_host, case):
     rng = np.random.default_rng(4)
-    y = rng.normal(size=(12, 3)) * 4
-    line = np.arange(12.0)[:, None] * np.array([1.0, 2.0, 0.5]) + 0.1
-    if case == "identical":
-        x = np.stack([y, y @ random_rotation(rng).T + 3.0])
-    elif case == "planar":
-        y[:, 2] = 0.0
-        x = np.stack([y + rng.normal(size=y.shape) * 0.3 * [1, 1, 0]] * 2)
-    elif case == "collinear":
-        x = np.stack([line, line + 1.0])
-    else:
-        y = line.copy()
-        x = np.stack([line @ random_rotation(rng).T, line + 2.0])
+    x, y = degenerate_pair(case, rng)
     info, r, rot, t = _setup(x, y)
     grads = _grads(rng, 2, 12, (0, 1, 2, 3), torch.float64)
     (gx, gy), (ex, ey) = _both(x, info, r, rot, t, grads)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from superpose_helpers import DEGENERATE_CASES, degenerate_pair, random_rotation
 
 import protgpu as pg
 
@@ -16,15 +17,9 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
 
-def _rotation(rng):
-    q, r = np.linalg.qr(rng.normal(size=(3, 3)))
-    q = q * np.sign(np.diag(r))
-    return q if np.linalg.det(q) > 0 else -q
-
-
 def _case(rng, f, n_atoms, dtype, sel):
     y = rng.normal(size=(n_atoms, 3)) * 6
-    x = y @ _rotation(rng).T + rng.normal(size=(f, n_atoms, 3)) + 30.0
+    x = y @ random_rotation(rng).T + rng.normal(size=(f, n_atoms, 3)) + 30.0
     fit = w = None
     if sel in ("fit", "weights"):
         fit = np.sort(rng.permutation(n_atoms)[: n_atoms // 2 + 3])
@@ -84,22 +79,11 @@ def test_many_frames_cut_into_reference_chunks(gpu):
     assert torch.equal(got[0], again[0]) and torch.equal(got[1], again[1])
 
 
-@pytest.mark.parametrize("case", ["identical", "planar", "collinear", "both collinear"])
+@pytest.mark.parametrize("case", DEGENERATE_CASES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_degenerate_inputs_are_finite(gpu, case, dtype):
     rng = np.random.default_rng(4)
-    y = rng.normal(size=(12, 3)) * 4
-    line = np.arange(12.0)[:, None] * np.array([1.0, 2.0, 0.5]) + 0.1
-    if case == "identical":
-        x = np.stack([y, y @ _rotation(rng).T + 3.0])
-    elif case == "planar":
-        y[:, 2] = 0.0
-        x = np.stack([y + rng.normal(size=y.shape) * 0.3 * [1, 1, 0]] * 2)
-    elif case == "collinear":
-        x = np.stack([line, line + 1.0])
-    else:
-        y = line.copy()
-        x = np.stack([line @ _rotation(rng).T, line + 2.0])
+    x, y = degenerate_pair(case, rng)
     xt = torch.tensor(x, dtype=dtype, device="cuda", requires_grad=True)
     yt = torch.tensor(y, dtype=dtype, device="cuda", requires_grad=True)
     res = pg.superpose(xt, yt)
