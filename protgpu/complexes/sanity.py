@@ -33,7 +33,6 @@ def _clash_pairs(x: np.ndarray, res: np.ndarray, chain_code: np.ndarray, sg: np.
     pairs = cKDTree(x).query_pairs(cutoff, output_type="ndarray")
     if not len(pairs):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    pairs = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]  # row order, as a scan of the matrix gives
     i, j = pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
     keep = np.sqrt(((x[i] - x[j]) ** 2).sum(-1)) < cutoff
     same_chain = chain_code[i] == chain_code[j]
@@ -177,13 +176,16 @@ def sanity_of(topo: SanityTopology, xyz, clash_cutoff: float = CLASH_CUTOFF,
 
         found = [_contact_pairs(x, topo.chain_atoms[p], topo.chain_atoms[q], topo.sres, float(interface_cutoff))
                  for p, q in combinations(ids, 2)]
-        pairs = np.unique(np.concatenate(found), axis=0)
+        # (one chain pair: distinct and sorted already)
+        pairs = found[0] if len(found) == 1 else np.unique(np.concatenate(found), axis=0)
         ri, rj = pairs[:, 0], pairs[:, 1]
         n_contacts = int(ri.size)
         for r in np.unique(np.concatenate([ri, rj])):
             iface[str(topo.rchain[r])] += 1
         if n_contacts:
-            buried = _buried(x[topo.centre])
+            rows = np.unique(pairs)
+            buried = np.zeros(len(topo.centre), bool)
+            buried[rows] = _buried(x[topo.centre], rows)
             n_buried = int((buried[ri] & buried[rj]).sum())
     out.update(interface_residues=iface, n_interface_residues=int(sum(iface.values())),
                interface_contacts=n_contacts, buried_interface_contacts=n_buried,
@@ -191,11 +193,16 @@ def sanity_of(topo: SanityTopology, xyz, clash_cutoff: float = CLASH_CUTOFF,
     return out
 
 
-def _buried(x: np.ndarray, radius: float = 10.0, min_neighbours: int = 20) -> np.ndarray:
-    """Per residue: at least ``min_neighbours`` other residues' CA atoms within ``radius`` of its CA
-    (``x`` (R, 3): each residue's CA, its first atom when there is no CA), the complex's chains
-    together: a neighbour count that is high in a protein's core and low at its surface."""
-    from ..distances import distances
+def _buried(x: np.ndarray, rows: np.ndarray, radius: float = 10.0, min_neighbours: int = 20) -> np.ndarray:
+    """Per residue of ``rows``: at least ``min_neighbours`` other residues' CA atoms within ``radius``
+    of its CA (``x`` (R, 3): each residue's CA, its first atom when there is no CA), the complex's
+    chains together: a neighbour count that is high in a protein's core and low at its surface. Only
+    the rows asked for are computed (the interface residues), with :func:`protgpu.distances`'
+    arithmetic (float64 squared distances, square root in float32)."""
+    from .._pbc import PBC_NONE
+    from ..distances import _frame_matrix_numpy
 
-    d = np.asarray(distances(x.astype(np.float32), device="cpu")).reshape(len(x), len(x))
+    x = x.astype(np.float32)
+    d = np.empty((len(rows), len(x)), np.float32)
+    _frame_matrix_numpy(x[rows], x, None, None, PBC_NONE, d)
     return (d < radius).sum(axis=1) - 1 >= min_neighbours

@@ -204,13 +204,28 @@ def _contact_pairs(xyz, atoms1, atoms2, res_of, cutoff) -> np.ndarray:
     the pairs ``query_ball_tree`` finds, ties included) instead of a Python loop over atom pairs."""
     from scipy.spatial import cKDTree
 
+    if len(atoms1) and len(atoms2):
+        # only atoms inside the other side's bounding box grown by the cutoff can be in contact (a
+        # chain's interface is a small part of it): smaller trees, the same pairs
+        x1, x2 = xyz[atoms1], xyz[atoms2]
+        pad = cutoff * (1 + 1e-9) + 1e-9
+        atoms1 = atoms1[((x1 >= x2.min(0) - pad) & (x1 <= x2.max(0) + pad)).all(1)]
+        x1 = xyz[atoms1]
+        if len(atoms1):
+            atoms2 = atoms2[((x2 >= x1.min(0) - pad) & (x2 <= x1.max(0) + pad)).all(1)]
     if not len(atoms1) or not len(atoms2):
         return np.zeros((0, 2), np.int64)
     m = cKDTree(xyz[atoms1]).sparse_distance_matrix(cKDTree(xyz[atoms2]), cutoff, output_type="ndarray")
     r1 = np.asarray(res_of[atoms1[m["i"]]], np.int64)
     r2 = np.asarray(res_of[atoms2[m["j"]]], np.int64)
     n = int(max(r1.max(initial=0), r2.max(initial=0))) + 1
-    code = np.unique(r1 * n + r2)
+    code = r1 * n + r2
+    if n * n <= 1 << 22:  # a table of every residue pair (at most 4 MB): distinct and sorted in O(pairs)
+        seen = np.zeros(n * n, bool)
+        seen[code] = True
+        code = np.flatnonzero(seen)
+    else:
+        code = np.unique(code)
     return np.stack([code // n, code % n], axis=1)
 
 
