@@ -510,11 +510,11 @@ class _ModelTable:
         self.key = atoms_key(s.atoms)
 
     def structure(self, model_s):
-        """The cleaned Structure of a model with this atom table."""
-        if self.keep is None:
-            return model_s
-        return Structure(np.ascontiguousarray(model_s.coords[:, self.keep]), self.atoms, source=model_s.source,
-                         box=model_s.box, time=model_s.time, box_source=model_s.box_source)
+        """The cleaned Structure of a model with this atom table, on this table's (equal) AtomTable object:
+        the models a parse worker sends in one message then carry one table, not one each."""
+        x = model_s.coords if self.keep is None else np.ascontiguousarray(model_s.coords[:, self.keep])
+        return Structure(x, self.atoms, source=model_s.source, box=model_s.box, time=model_s.time,
+                         box_source=model_s.box_source)
 
     def memo_of(self, cm: ChainMapping) -> dict:
         """The memo of a mapping of this table (the residue pairs follow from the chain pairs)."""
@@ -555,7 +555,9 @@ def group_key(s, cm: ChainMapping, table: _ModelTable | None = None) -> tuple:
     (``table``: the model's :class:`_ModelTable`, which knows its table's digest and keeps the key)."""
     memo = table.memo_of(cm) if table is not None else {}
     if "group_key" not in memo:
-        pairs = np.ascontiguousarray(cm.residue_pairs()).tobytes()
+        import hashlib
+
+        pairs = hashlib.sha1(np.ascontiguousarray(cm.residue_pairs()).tobytes()).digest()
         memo["group_key"] = (s.n_atoms, table.key if table is not None else atoms_key(s.atoms), pairs,
                              tuple(sorted(cm.chains.items())))
     return memo["group_key"]
