@@ -165,6 +165,9 @@ def step_split(job, paths: list[str], stats: dict, n: int) -> dict:
     for k in ("hash_s", "load_s", "compute_s", "wait_s"):
         if k in stats:
             out[f"end to end: {k[:-2]}"] = 1000 * stats[k] / n
+    # the compute's steps (the job adds them up in this process); batches: how many computes shared them
+    for k, v in getattr(job, "stats", {}).items():
+        out[f"compute: {k[:-2] if k.endswith('_s') else k}"] = 1000 * v / n if k.endswith("_s") else v
     return out
 
 
@@ -175,6 +178,7 @@ def main() -> int:
     ap.add_argument("--anchor-python", default=sys.executable, help="a Python where 'import DockQ' works")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"))
     ap.add_argument("--jobs", type=int, default=None, help="parse workers of the end-to-end run")
+    ap.add_argument("--batch-size", type=int, default=None, help="designs per batch (default: the job's)")
     ap.add_argument("--quick", action="store_true",
                     help="2,000 models (unless --models says otherwise): under two minutes on one GPU")
     ap.add_argument("--json", default=None)
@@ -205,8 +209,9 @@ def main() -> int:
 
         # end to end: the CLI's job through the CLI's run_job
         ns = argparse.Namespace(out=str(tmp / "x.csv"), resume=False, keep_going=False, shard=None, jobs=args.jobs,
-                                batch_size=None, scheduler=None, tls_ca_file=None, tls_cert=None, tls_key=None,
-                                workers=None, gpus=None, quiet=True, journal_interval=5.0, progress_interval=None)
+                                batch_size=args.batch_size, scheduler=None, tls_ca_file=None, tls_cert=None,
+                                tls_key=None, workers=None, gpus=None, quiet=True, journal_interval=5.0,
+                                progress_interval=None)
         job = EvaluateJob(str(ref_path), confidence="none", device=device)
         t0 = time.perf_counter()
         summary = run_job(ns, job, [str(tmp / "models")], description="evaluate")
