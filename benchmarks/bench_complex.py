@@ -19,15 +19,21 @@ noise of 0.2 A; written as PDB files to a temporary folder. Rows:
   counts them in its parse workers, in parallel).
 * ``DockQ 2.1.3 (anchor, 1 core)``: DockQ's Python API (``load_PDB`` + ``run_on_all_native_interfaces``
   with the chain map given) per model file, one process. Runs when ``import DockQ`` works in
-  ``--anchor-python`` (default: this Python); DockQ 2.1.3 from PyPI needs numpy < 2 (its Cython module is
-  built against 1.x), so it lives in a virtual environment of its own (``python3 -m venv v && v/bin/pip
-  install DockQ``). Its DockQ values are compared with ours (max abs difference reported).
+  ``--anchor-python`` (default: this Python). DockQ's wheels are built against NumPy 1.x: in a NumPy 1.x
+  environment (``python3 -m venv v && v/bin/pip install DockQ``) its Cython module runs and its rate is
+  the ratios' denominator; under NumPy 2 (the GPU machine's Python: ``pip install --no-deps --target
+  DIR`` of the DockQ, networkx, parallelbar, colorama and tqdm wheels, ``PYTHONPATH=DIR``) DockQ runs
+  its own pure-NumPy fallback, slower, so that row's rate is shown but the ratios use the Cython rate of
+  ``results/complex-cpu.json``. Either way its DockQ values are compared with ours (max abs difference).
   OpenStructure's scorer is not on PyPI (conda or a source build): not run.
 
-    python3 benchmarks/bench_complex.py [--models N] [--anchor-models K] [--anchor-python PATH]
-                                        [--device auto|cpu|gpu] [--json PATH]
+    python3 benchmarks/bench_complex.py [--models N | --quick] [--anchor-models K] [--anchor-python PATH]
+                                        [--device auto|cpu|gpu] [--jobs J] [--json PATH]
 
-Default N: 10,000 on a GPU, 64 on the CPU.
+Default N: 10,000 on a GPU, 64 on the CPU; ``--quick``: 2,000 (under two minutes on one H200). The
+per-model split (``per_model_ms`` in the results, printed under the table): each load step on one core
+(read, confidence, sanity, chain mapping, QS/DockQ contacts), the load as the end-to-end run's workers
+saw it, and the compute in the main process (batched scores, rows), in milliseconds per model.
 """
 
 from __future__ import annotations
@@ -97,8 +103,20 @@ def perturbed_complexes(ref, n: int, seed: int = 0) -> np.ndarray:
     return out
 
 
-_ANCHOR = r"""
-import json, sys, time
+# DockQ's wheels are built against NumPy 1.x: under NumPy 2 its Cython module does not load and DockQ
+# falls back to its pure-NumPy twin (operations_nocy), which it imports as a top-level module: put its
+# package folder on the path so that the fallback is found (harmless when the Cython module loads)
+_DOCKQ_PATH = r"""
+import importlib.util, os, sys
+_spec = importlib.util.find_spec("DockQ")
+if _spec is not None and _spec.origin:
+    sys.path.append(os.path.dirname(_spec.origin))
+"""
+
+_ANCHOR = _DOCKQ_PATH + r"""
+import json, time, importlib.metadata, logging
+logging.disable(logging.WARNING)  # the fallback's warning
+import DockQ.DockQ as D
 from DockQ.DockQ import load_PDB, run_on_all_native_interfaces
 ref, paths = sys.argv[1], json.loads(sys.stdin.read())
 native = load_PDB(ref)
@@ -107,14 +125,15 @@ t0 = time.perf_counter()
 for p in paths:
     model = load_PDB(p)
     res, total = run_on_all_native_interfaces(model, native, chain_map={"A": "A", "B": "B"})
-    vals.append(total)
+    vals.append(float(total))
 dt = time.perf_counter() - t0
-print(json.dumps({"seconds": dt, "dockq": vals}))
+print(json.dumps({"seconds": dt, "dockq": vals, "version": importlib.metadata.version("DockQ"),
+                  "cython": D.residue_distances.__module__ == "DockQ.operations"}))
 """
 
 
 def run_anchor(python: str, ref: str, paths: list[str]) -> dict | None:
-    probe = subprocess.run([python, "-c", "import DockQ.DockQ"], capture_output=True, text=True)
+    probe = subprocess.run([python, "-c", _DOCKQ_PATH + "import DockQ.DockQ"], capture_output=True, text=True)
     if probe.returncode != 0:
         print(f"DockQ anchor skipped: 'import DockQ' fails in {python}: "
               f"{(probe.stderr.strip().splitlines() or ['?'])[-1]}", file=sys.stderr)
@@ -126,6 +145,32 @@ def run_anchor(python: str, ref: str, paths: list[str]) -> dict | None:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+#: The load steps of EvaluateJob.load, in order (its item's ``timings``).
+LOAD_STEPS = ("read_s", "confidence_s", "sanity_s", "map_s", "host_scores_s")
+
+
+def step_split(job, paths: list[str], stats: dict, n: int) -> dict:
+    """Milliseconds per model of each step: the load steps on one core (``job.load`` of ``paths`` in
+    this process, after a first model that fills the per-atom-table caches), the whole load in the
+    end-to-end run's workers (summed over them: a worker's cost, contention included) and the compute
+    (in the main process: batched scores, rows)."""
+    job.load(paths[0])
+    total = dict.fromkeys(LOAD_STEPS, 0.0)
+    t0 = time.perf_counter()
+    for p in paths:
+        for k, v in job.load(p).timings.items():
+            total[k] += v
+    out = {f"1 core: {k[:-2]}": 1000 * v / len(paths) for k, v in total.items()}
+    out["1 core: load (all steps)"] = 1000 * (time.perf_counter() - t0) / len(paths)
+    for k in ("hash_s", "load_s", "compute_s", "wait_s"):
+        if k in stats:
+            out[f"end to end: {k[:-2]}"] = 1000 * stats[k] / n
+    # the compute's steps (the job adds them up in this process); batches: how many computes shared them
+    for k, v in getattr(job, "stats", {}).items():
+        out[f"compute: {k[:-2] if k.endswith('_s') else k}"] = 1000 * v / n if k.endswith("_s") else v
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", type=int, default=None, help="models (default 10000 on a GPU, 64 on the CPU)")
@@ -133,8 +178,13 @@ def main() -> int:
     ap.add_argument("--anchor-python", default=sys.executable, help="a Python where 'import DockQ' works")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"))
     ap.add_argument("--jobs", type=int, default=None, help="parse workers of the end-to-end run")
+    ap.add_argument("--batch-size", type=int, default=None, help="designs per batch (default: the job's)")
+    ap.add_argument("--quick", action="store_true",
+                    help="2,000 models (unless --models says otherwise): under two minutes on one GPU")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.quick and args.models is None:
+        args.models = 2000
 
     from protgpu._array import dispatch
     from protgpu.batch.jobs.evaluate import EvaluateJob
@@ -159,8 +209,9 @@ def main() -> int:
 
         # end to end: the CLI's job through the CLI's run_job
         ns = argparse.Namespace(out=str(tmp / "x.csv"), resume=False, keep_going=False, shard=None, jobs=args.jobs,
-                                batch_size=None, scheduler=None, tls_ca_file=None, tls_cert=None, tls_key=None,
-                                workers=None, gpus=None, quiet=True, journal_interval=5.0, progress_interval=None)
+                                batch_size=args.batch_size, scheduler=None, tls_ca_file=None, tls_cert=None,
+                                tls_key=None, workers=None, gpus=None, quiet=True, journal_interval=5.0,
+                                progress_interval=None)
         job = EvaluateJob(str(ref_path), confidence="none", device=device)
         t0 = time.perf_counter()
         summary = run_job(ns, job, [str(tmp / "models")], description="evaluate")
@@ -168,6 +219,7 @@ def main() -> int:
         assert summary.n_ok == n, summary.failed[:3]
         rows.append({"variant": "protgpu evaluate (end to end, files)", "models": n, "seconds": e2e,
                      "models_per_s": n / e2e})
+        steps = step_split(job, paths[:min(n, 200)], summary.stats, n)
 
         # the batched scoring of N parsed, mapped models: every model has model 0's atom table and
         # mapping (one design's models), so the stack is built from the coordinates directly
@@ -186,10 +238,12 @@ def main() -> int:
         rows.append({"variant": f"batched metrics on the {device.upper()} ({', '.join(GPU_METRICS)})", "models": n,
                      "seconds": gpu_s, "models_per_s": n / gpu_s})
         # the per-model host parts (QS-score, DockQ contacts), one core: evaluate counts them in its workers
+        # (with the memo of the models' one atom table, as there)
         h = min(n, 200)
-        host_scores(structs[0], cm0, cref)
+        _, _, table0 = map_model(pg.load(paths[0]), cref, table=True)
+        host_scores(structs[0], cm0, cref, table0)
         t0 = time.perf_counter()
-        host = [host_scores(structs[k], cm0, cref) for k in range(h)]
+        host = [host_scores(structs[k], cm0, cref, table0) for k in range(h)]
         host_s = time.perf_counter() - t0
         rows.append({"variant": "per-model CPU parts (QS-score, DockQ contacts), 1 core", "models": h,
                      "seconds": host_s, "models_per_s": h / host_s})
@@ -200,32 +254,38 @@ def main() -> int:
         anchor = run_anchor(args.anchor_python, str(ref_path), paths[:k])
         extra = {"data": "synthetic perturbations (rigid motion of chain B, correlated noise) of 1eud_ref.pdb cut to "
                          f"chain A ({chains['A']} residues) + a 150-residue window of chain B ({chains['B']})",
-                 "device": device, "write_pdbs_s": write_s, "engine_stats": dict(summary.stats)}
+                 "device": device, "write_pdbs_s": write_s, "engine_stats": dict(summary.stats),
+                 "per_model_ms": steps}
         per = None
         if anchor is not None:
-            per = anchor["seconds"] / k
-            rows.append({"variant": "DockQ 2.1.3 (anchor, 1 core, per model file)", "models": k,
-                         "seconds": anchor["seconds"], "models_per_s": 1 / per})
             diff = np.abs(np.asarray(anchor["dockq"]) - table["dockq"][:k])
             extra["dockq_max_abs_diff_vs_anchor"] = float(np.max(diff))
-        else:
+            how = "Cython" if anchor["cython"] else "its NumPy fallback: NumPy 2 does not load its Cython module"
+            rows.append({"variant": f"DockQ {anchor['version']} (anchor, 1 core, per model file, {how})",
+                         "models": k, "seconds": anchor["seconds"], "models_per_s": k / anchor["seconds"]})
+            if anchor["cython"]:
+                per = anchor["seconds"] / k
+        if per is None:
             # DockQ does not install on the GPU machine (no network; needs numpy < 2): the CPU run's
             # measurement of the anchor, another machine's core, is the ratio's denominator
+            # (a fallback anchor is slower than DockQ as installed with NumPy 1.x: not the denominator)
+            why = "no DockQ built with Cython" if anchor is not None else "DockQ not importable"
             cpu_json = HERE / "results" / "complex-cpu.json"
             if cpu_json.is_file():
                 for r in json.loads(cpu_json.read_text())["rows"]:
-                    if r["variant"].startswith("DockQ"):
+                    if r["variant"].startswith("DockQ") and "fallback" not in r["variant"]:
                         per = 1 / r["models_per_s"]
-                        extra["anchor"] = (f"DockQ not importable in {args.anchor_python}; the ratio uses the DockQ "
+                        extra["anchor"] = (f"{why} in {args.anchor_python}; the ratio uses the DockQ "
                                            f"rate of {cpu_json.name} ({r['models_per_s']:.2f} models/s, another "
                                            "machine's core)")
             else:
-                extra["anchor"] = f"DockQ not importable in {args.anchor_python}: no anchor in this run"
+                extra["anchor"] = f"{why} in {args.anchor_python}: no anchor rate in this run"
         if per is not None:
             for r in rows:
                 if not r["variant"].startswith("DockQ"):
                     r["x_vs_dockq_1core"] = r["models_per_s"] * per
     print_table(rows, ["variant", "models", "seconds", "models_per_s", "x_vs_dockq_1core"])
+    print("per model, ms: " + ", ".join(f"{k} {v:.2f}" for k, v in extra["per_model_ms"].items()))
     for key in ("data", "dockq_max_abs_diff_vs_anchor", "anchor"):
         if key in extra:
             print(f"{key}: {extra[key]}")

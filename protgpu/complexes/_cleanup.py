@@ -23,9 +23,8 @@ SIDE_CHAINS = {
 PARENT_ATOMS = {res: frozenset(_BACKBONE + tuple(sc.split())) for res, sc in SIDE_CHAINS.items()}
 
 
-def clean(s):
-    """``s`` without hydrogens and without the atoms of modified residues that their parent lacks
-    (the same Structure when nothing is dropped)."""
+def clean_keep(s):
+    """The atoms :func:`clean` keeps: a boolean mask of shape (atoms,), or None when it keeps all."""
     info = mp.residue_info(s)
     el = np.char.upper(s.atoms.element)
     keep = (el != "H") & (el != "D")
@@ -35,4 +34,11 @@ def clean(s):
     for parent in np.unique(std[modified]).tolist():
         hit = modified & (std == parent)
         keep[hit] &= np.isin(info.atom_name[hit], list(PARENT_ATOMS[parent]))
-    return s if keep.all() else s.select(keep)
+    return None if keep.all() else keep
+
+
+def clean(s):
+    """``s`` without hydrogens and without the atoms of modified residues that their parent lacks
+    (the same Structure when nothing is dropped)."""
+    keep = clean_keep(s)
+    return s if keep is None else s.select(keep)

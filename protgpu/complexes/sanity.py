@@ -14,6 +14,7 @@ from .._inputs import as_structure
 from ..errors import InputError
 from ..structure import WATER_RESNAMES
 
+# SanityTopology and sanity_of: for protgpu evaluate's job (one table per design), not public API
 __all__ = ["design_sanity"]
 
 #: Default clash distance, Angstrom. Non-bonded heavy atoms in real structures rarely come closer than
@@ -32,7 +33,6 @@ def _clash_pairs(x: np.ndarray, res: np.ndarray, chain_code: np.ndarray, sg: np.
     pairs = cKDTree(x).query_pairs(cutoff, output_type="ndarray")
     if not len(pairs):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    pairs = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]  # row order, as a scan of the matrix gives
     i, j = pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
     keep = np.sqrt(((x[i] - x[j]) ** 2).sum(-1)) < cutoff
     same_chain = chain_code[i] == chain_code[j]
@@ -92,35 +92,77 @@ def design_sanity(structure, *, clash_cutoff: float = CLASH_CUTOFF, interface_cu
                          f"{clash_cutoff} and {interface_cutoff}")
     if not -s.n_frames <= frame < s.n_frames:
         raise InputError(f"{where}: frame {frame} out of range ({s.n_frames} frames)")
-    a = s.atoms
-    heavy = (a.element != "H") & (a.element != "D") & ~np.isin(a.resname, list(WATER_RESNAMES))
-    idx = np.flatnonzero(heavy)
-    if idx.size == 0:
-        raise InputError(f"{where}: no heavy atoms")
-    x = s.coords[frame][idx].astype(np.float64)
-    chain = a.chain[idx]
-    ids = list(dict.fromkeys(chain.tolist()))
-    code = np.searchsorted(np.array(sorted(ids)), chain)
-    res = a.residue_index[idx].astype(np.int64)
-    sg = (a.name[idx] == "SG")
-    ci, cj = _clash_pairs(x, res, code, sg, float(clash_cutoff))
-    inter = code[ci] != code[cj]
+    return sanity_of(SanityTopology(s.atoms, where), s.coords[frame], clash_cutoff, interface_cutoff)
+
+
+class SanityTopology:
+    """What :func:`design_sanity` reads from an atom table, computed once per table (the models of one
+    design share theirs): the heavy atoms, their chains and residues, the residue table of the heavy
+    atoms and the atoms that stand for each residue in the burial count.
+
+    Parameters
+    ----------
+    atoms : AtomTable
+    where : str
+        The structure's name, for the error.
+
+    Raises
+    ------
+    InputError
+        A table with no heavy atoms.
+    """
+
+    def __init__(self, atoms, where: str = "structure"):
+        from ..structure.tables import residue_table
+
+        a = atoms
+        heavy = (a.element != "H") & (a.element != "D") & ~np.isin(a.resname, list(WATER_RESNAMES))
+        self.idx = idx = np.flatnonzero(heavy)
+        if idx.size == 0:
+            raise InputError(f"{where}: no heavy atoms")
+        self.chain = chain = a.chain[idx]
+        self.ids = ids = list(dict.fromkeys(chain.tolist()))
+        self.code = np.searchsorted(np.array(sorted(ids)), chain)
+        self.res = res = a.residue_index[idx].astype(np.int64)
+        self.sg = a.name[idx] == "SG"
+        sel_res = np.unique(res)
+        chain_of_res = residue_table(a).chain[sel_res]
+        self.chain_residues = {c: int((chain_of_res == c).sum()) for c in ids}
+        self.n_residues = int(sel_res.size)
+        self.chain_atoms = {c: np.flatnonzero(chain == c) for c in ids}
+        # the heavy-atom sub-table: its residues (renumbered from 0) are what the interface counts
+        sub = a.take(idx)
+        self.sres = sub.residue_index
+        rt = residue_table(sub)
+        self.rchain = rt.chain
+        # burial: each residue's CA (its first atom without one), in the sub-table's atoms
+        centre = rt.atom_start.copy()
+        ca = np.flatnonzero(sub.name == "CA")
+        centre[sub.residue_index[ca]] = ca
+        self.centre = centre
+
+
+def sanity_of(topo: SanityTopology, xyz, clash_cutoff: float = CLASH_CUTOFF,
+              interface_cutoff: float = 5.0) -> dict:
+    """:func:`design_sanity` of one frame's coordinates ``xyz`` (N, 3), Angstrom, on a prepared table."""
+    x = np.asarray(xyz)[topo.idx].astype(np.float64)
+    ids = topo.ids
+    ci, cj = _clash_pairs(x, topo.res, topo.code, topo.sg, float(clash_cutoff))
+    inter = topo.code[ci] != topo.code[cj]
 
     def rg(p):
         return float(np.sqrt(((p - p.mean(axis=0)) ** 2).sum(axis=1).mean()))
 
-    sel_res = np.unique(res)
-    chain_of_res = s.residues.chain[sel_res]
     out = {
         "n_chains": len(ids),
-        "chain_residues": {c: int((chain_of_res == c).sum()) for c in ids},
-        "n_residues": int(sel_res.size),
+        "chain_residues": dict(topo.chain_residues),
+        "n_residues": topo.n_residues,
         "clashes": int(ci.size),
         "clashes_intra": int((~inter).sum()),
         "clashes_inter": int(inter.sum()),
         "clash_cutoff": float(clash_cutoff),
         "radius_of_gyration": rg(x),
-        "chain_radius_of_gyration": {c: rg(x[chain == c]) for c in ids},
+        "chain_radius_of_gyration": {c: rg(x[topo.chain_atoms[c]]) for c in ids},
     }
     # interface: residue pairs of different chains with heavy atoms closer than the cutoff (the k-d tree
     # residue contacts DockQ counts, chain pair by chain pair: the inter-chain pairs alone, not the
@@ -130,22 +172,20 @@ def design_sanity(structure, *, clash_cutoff: float = CLASH_CUTOFF, interface_cu
     if len(ids) > 1:
         from itertools import combinations
 
-        from .scores import _contacts
+        from .scores import _contact_pairs
 
-        sub = s.frames([frame]).select(idx)
-        sres = sub.atoms.residue_index
-        rchain = sub.residues.chain
-        found = set()
-        for p, q in combinations(ids, 2):
-            found |= _contacts(x, np.flatnonzero(chain == p), np.flatnonzero(chain == q), sres,
-                               float(interface_cutoff))
-        pairs = np.asarray(sorted(found), dtype=np.int64).reshape(-1, 2)
+        found = [_contact_pairs(x, topo.chain_atoms[p], topo.chain_atoms[q], topo.sres, float(interface_cutoff))
+                 for p, q in combinations(ids, 2)]
+        # (one chain pair: distinct and sorted already)
+        pairs = found[0] if len(found) == 1 else np.unique(np.concatenate(found), axis=0)
         ri, rj = pairs[:, 0], pairs[:, 1]
         n_contacts = int(ri.size)
         for r in np.unique(np.concatenate([ri, rj])):
-            iface[str(rchain[r])] += 1
+            iface[str(topo.rchain[r])] += 1
         if n_contacts:
-            buried = _buried(sub)
+            rows = np.unique(pairs)
+            buried = np.zeros(len(topo.centre), bool)
+            buried[rows] = _buried(x[topo.centre], rows)
             n_buried = int((buried[ri] & buried[rj]).sum())
     out.update(interface_residues=iface, n_interface_residues=int(sum(iface.values())),
                interface_contacts=n_contacts, buried_interface_contacts=n_buried,
@@ -153,17 +193,16 @@ def design_sanity(structure, *, clash_cutoff: float = CLASH_CUTOFF, interface_cu
     return out
 
 
-def _buried(s, radius: float = 10.0, min_neighbours: int = 20) -> np.ndarray:
-    """Per residue: at least ``min_neighbours`` other residues' CA atoms within ``radius`` of its CA
-    (its first atom when there is no CA), the complex's chains together: a neighbour count that is
-    high in a protein's core and low at its surface."""
-    from ..distances import distances
+def _buried(x: np.ndarray, rows: np.ndarray, radius: float = 10.0, min_neighbours: int = 20) -> np.ndarray:
+    """Per residue of ``rows``: at least ``min_neighbours`` other residues' CA atoms within ``radius``
+    of its CA (``x`` (R, 3): each residue's CA, its first atom when there is no CA), the complex's
+    chains together: a neighbour count that is high in a protein's core and low at its surface. Only
+    the rows asked for are computed (the interface residues), with :func:`protgpu.distances`'
+    arithmetic (float64 squared distances, square root in float32)."""
+    from .._pbc import PBC_NONE
+    from ..distances import _frame_matrix_numpy
 
-    a = s.atoms
-    res = s.residues
-    centre = res.atom_start.copy()
-    ca = np.flatnonzero(a.name == "CA")
-    centre[a.residue_index[ca]] = ca
-    x = s.coords[0][centre]
-    d = np.asarray(distances(x, device="cpu")).reshape(len(res), len(res))
+    x = x.astype(np.float32)
+    d = np.empty((len(rows), len(x)), np.float32)
+    _frame_matrix_numpy(x[rows], x, None, None, PBC_NONE, d)
     return (d < radius).sum(axis=1) - 1 >= min_neighbours

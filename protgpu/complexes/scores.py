@@ -19,11 +19,12 @@ from .._autograd import refuse_grad
 from .._inputs import source_name
 from ..errors import InputError
 from ..scoring import _mapping as mp
-from ..scoring.lddt import lddt, lddt_counts_numpy, lddt_scores
+from ..scoring.lddt import lddt_counts_numpy, lddt_scores
 from ..scoring.tmscore import tm_score
+from ..structure import Structure
 from ..superpose import superpose
-from ._cleanup import clean
-from .mapping import ChainMapping, _map, model_structure, protein_chains, reference_structure
+from ._cleanup import clean, clean_keep
+from .mapping import MAX_NAIVE, ChainMapping, _map, model_structure, protein_chains, reference_structure
 
 # qs_score and dockq (one mapped model, one interface) stay importable by name for tests; not public API
 __all__ = ["METRICS", "score_complex"]
@@ -79,13 +80,13 @@ def _w(d: np.ndarray) -> np.ndarray:
 class _QSChains:
     """Representative positions of one structure's protein chains (residues without the atom dropped)."""
 
-    def __init__(self, s, info, chains: dict):
+    def __init__(self, s, info, chains: dict, reps: dict | None = None):
         xyz = np.asarray(s.coords[0], dtype=np.float64)
         self.res, self.pos, self._dist = {}, {}, {}
-        for c, res in chains.items():
-            rep = representative_atoms(info, res)
-            self.res[c] = res[rep >= 0]
-            self.pos[c] = xyz[rep[rep >= 0]]
+        reps = _qs_reps(info, chains) if reps is None else reps
+        for c, (res, rep) in reps.items():
+            self.res[c] = res
+            self.pos[c] = xyz[rep]
         names = list(chains)
         self.interfaces = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
                            if (self.dist(a, b) < QS_CONTACT).any()]
@@ -99,17 +100,48 @@ class _QSChains:
         return self._dist[a, b]
 
 
-def _qs_interface(ref: _QSChains, mdl: _QSChains, r_int, m_int, mapping: ChainMapping):
-    """(weighted_scores, weight_sum, weight_extra_mapped, weight_extra_all) of one mapped interface."""
-    d1 = ref.dist(*r_int)
-    d2 = mdl.dist(*m_int)
+def _qs_reps(info, chains: dict) -> dict:
+    """Chain -> (residues that have a representative atom, its atom index): per atom table."""
+    out = {}
+    for c, res in chains.items():
+        rep = representative_atoms(info, res)
+        out[c] = (res[rep >= 0], rep[rep >= 0])
+    return out
+
+
+def _positions(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Index of each of ``keys`` in ``values`` (distinct non-negative integers), -1 where absent."""
+    size = int(max(values.max(initial=-1), keys.max(initial=-1))) + 1
+    pos = np.full(size, -1, np.int64)
+    pos[values] = np.arange(len(values))
+    return pos[keys]
+
+
+def _qs_pairs(ref: _QSChains, mdl: _QSChains, r_int, m_int, mapping: ChainMapping) -> list:
+    """Per chain of the interface: (reference position, model position) rows, shape (K, 2), of the mapped
+    residues both structures have a representative atom for, in the mapping's order."""
     idx = []
     for rc, mc in zip(r_int, m_int, strict=True):
         pairs = mapping.residues.get(rc, np.zeros((0, 2), np.int64))
-        rpos = {int(r): i for i, r in enumerate(ref.res[rc])}
-        mpos = {int(m): i for i, m in enumerate(mdl.res[mc])}
-        both = [(rpos[int(r)], mpos[int(m)]) for m, r in pairs if int(r) in rpos and int(m) in mpos]
-        idx.append(np.asarray(both, dtype=np.int64).reshape(-1, 2))
+        rp, mpos = _positions(ref.res[rc], pairs[:, 1]), _positions(mdl.res[mc], pairs[:, 0])
+        ok = (rp >= 0) & (mpos >= 0)
+        idx.append(np.stack([rp[ok], mpos[ok]], axis=1))
+    return idx
+
+
+def _qs_interface(ref: _QSChains, mdl: _QSChains, r_int, m_int, mapping: ChainMapping, memo: dict | None = None):
+    """(weighted_scores, weight_sum, weight_extra_mapped, weight_extra_all) of one mapped interface.
+    ``memo``: a dict kept per model atom table and mapping (the residue pairs are the same for all its
+    models)."""
+    d1 = ref.dist(*r_int)
+    d2 = mdl.dist(*m_int)
+    if memo is None:
+        idx = _qs_pairs(ref, mdl, r_int, m_int, mapping)
+    else:
+        key = ("qs", r_int, m_int)
+        if key not in memo:
+            memo[key] = _qs_pairs(ref, mdl, r_int, m_int, mapping)
+        idx = memo[key]
     (a1, a2), (b1, b2) = idx[0].T, idx[1].T
     c1, c2 = d1 < QS_CONTACT, d2 < QS_CONTACT
     shared1 = np.zeros(d1.shape, bool)
@@ -133,8 +165,9 @@ def _qs_interface(ref: _QSChains, mdl: _QSChains, r_int, m_int, mapping: ChainMa
     return weighted, wsum, extra_mapped, extra_all
 
 
-def qs_score(ref: _QSChains, mdl: _QSChains, mapping: ChainMapping) -> tuple[float, float]:
-    """QS_global and QS_best of a mapped model (NaN when neither structure has an inter-chain contact)."""
+def qs_score(ref: _QSChains, mdl: _QSChains, mapping: ChainMapping, memo: dict | None = None) -> tuple[float, float]:
+    """QS_global and QS_best of a mapped model (NaN when neither structure has an inter-chain contact);
+    ``memo`` as :func:`_qs_interface`."""
     flat = mapping.chains
     back = {m: r for r, m in flat.items()}
     tot = np.zeros(4)
@@ -142,7 +175,7 @@ def qs_score(ref: _QSChains, mdl: _QSChains, mapping: ChainMapping) -> tuple[flo
     for r_int in ref.interfaces:
         if r_int[0] in flat and r_int[1] in flat:
             m_int = (flat[r_int[0]], flat[r_int[1]])
-            tot += _qs_interface(ref, mdl, r_int, m_int, mapping)
+            tot += _qs_interface(ref, mdl, r_int, m_int, mapping, memo)
             done.add(frozenset(m_int))
         else:
             d = ref.dist(*r_int)
@@ -151,7 +184,7 @@ def qs_score(ref: _QSChains, mdl: _QSChains, mapping: ChainMapping) -> tuple[flo
         if frozenset(m_int) in done:
             continue
         if m_int[0] in back and m_int[1] in back:
-            tot += _qs_interface(ref, mdl, (back[m_int[0]], back[m_int[1]]), m_int, mapping)
+            tot += _qs_interface(ref, mdl, (back[m_int[0]], back[m_int[1]]), m_int, mapping, memo)
         else:
             d = mdl.dist(*m_int)
             tot[3] += _w(d[d < QS_CONTACT]).sum()
@@ -165,18 +198,40 @@ def qs_score(ref: _QSChains, mdl: _QSChains, mapping: ChainMapping) -> tuple[flo
 # DockQ
 
 
-def _contacts(xyz, atoms1, atoms2, res_of, cutoff):
-    """Residue pairs (r1, r2) with any atom pair closer than ``cutoff`` (heavy atoms given)."""
+def _contact_pairs(xyz, atoms1, atoms2, res_of, cutoff) -> np.ndarray:
+    """Distinct residue pairs (K, 2) int64, sorted, with any atom of ``atoms1`` within ``cutoff`` (<=) of
+    one of ``atoms2`` (heavy atoms given). One vectorised k-d tree pass (``sparse_distance_matrix``:
+    the pairs ``query_ball_tree`` finds, ties included) instead of a Python loop over atom pairs."""
     from scipy.spatial import cKDTree
 
+    if len(atoms1) and len(atoms2):
+        # only atoms inside the other side's bounding box grown by the cutoff can be in contact (a
+        # chain's interface is a small part of it): smaller trees, the same pairs
+        x1, x2 = xyz[atoms1], xyz[atoms2]
+        pad = cutoff * (1 + 1e-9) + 1e-9
+        atoms1 = atoms1[((x1 >= x2.min(0) - pad) & (x1 <= x2.max(0) + pad)).all(1)]
+        x1 = xyz[atoms1]
+        if len(atoms1):
+            atoms2 = atoms2[((x2 >= x1.min(0) - pad) & (x2 <= x1.max(0) + pad)).all(1)]
     if not len(atoms1) or not len(atoms2):
-        return set()
-    hits = cKDTree(xyz[atoms1]).query_ball_tree(cKDTree(xyz[atoms2]), cutoff)
-    out = set()
-    for i, js in enumerate(hits):
-        for j in js:
-            out.add((int(res_of[atoms1[i]]), int(res_of[atoms2[j]])))
-    return out
+        return np.zeros((0, 2), np.int64)
+    m = cKDTree(xyz[atoms1]).sparse_distance_matrix(cKDTree(xyz[atoms2]), cutoff, output_type="ndarray")
+    r1 = np.asarray(res_of[atoms1[m["i"]]], np.int64)
+    r2 = np.asarray(res_of[atoms2[m["j"]]], np.int64)
+    n = int(max(r1.max(initial=0), r2.max(initial=0))) + 1
+    code = r1 * n + r2
+    if n * n <= 1 << 22:  # a table of every residue pair (at most 4 MB): distinct and sorted in O(pairs)
+        seen = np.zeros(n * n, bool)
+        seen[code] = True
+        code = np.flatnonzero(seen)
+    else:
+        code = np.unique(code)
+    return np.stack([code // n, code % n], axis=1)
+
+
+def _contacts(xyz, atoms1, atoms2, res_of, cutoff) -> set:
+    """Residue pairs (r1, r2) with any atom pair closer than ``cutoff`` (heavy atoms given)."""
+    return set(map(tuple, _contact_pairs(xyz, atoms1, atoms2, res_of, cutoff).tolist()))
 
 
 def _near(xyz, atoms1, atoms2, res_of, cutoff) -> set:
@@ -226,19 +281,33 @@ class _NativeInterface:
         self.n_ref_residues = len(rinfo.resid)
 
 
-def _dockq_contacts(mdl_s, x, nat: _NativeInterface, mapping: ChainMapping, r1: str, r2: str) -> dict:
-    """fnat, fnonnat, nnat and nmdl of one model (coordinates ``x``, (N, 3)) at the reference interface
-    (r1, r2): residue pairs with heavy atoms within 5 A, the model's residues read through the mapping."""
+def _dockq_model_side(mdl_s, nat: _NativeInterface, mapping: ChainMapping, r1: str, r2: str) -> tuple:
+    """(heavy atoms of the model chain on r1, on r2, model residue -> reference residue): per atom table
+    and mapping. Unmapped model residues get keys no reference residue has."""
     minfo = mp.residue_info(mdl_s)
     mch = protein_chains(minfo)
     p1, p2 = mapping.residues[r1], mapping.residues[r2]
-    # model residue -> reference residue; unmapped model residues get keys no reference residue has
     to_ref = np.arange(len(minfo.resid), dtype=np.int64) + nat.n_ref_residues
     to_ref[p1[:, 0]], to_ref[p2[:, 0]] = p1[:, 1], p2[:, 1]
     ma1 = heavy_atoms(mdl_s, minfo, mch[mapping.chains[r1]])
     ma2 = heavy_atoms(mdl_s, minfo, mch[mapping.chains[r2]])
-    mdl = {(int(to_ref[a]), int(to_ref[b]))
-           for a, b in _contacts(np.asarray(x, np.float64), ma1, ma2, minfo.atom_residue, DOCKQ_CONTACT)}
+    return ma1, ma2, to_ref, minfo.atom_residue
+
+
+def _dockq_contacts(mdl_s, x, nat: _NativeInterface, mapping: ChainMapping, r1: str, r2: str,
+                    memo: dict | None = None) -> dict:
+    """fnat, fnonnat, nnat and nmdl of one model (coordinates ``x``, (N, 3)) at the reference interface
+    (r1, r2): residue pairs with heavy atoms within 5 A, the model's residues read through the mapping.
+    ``memo`` as :func:`_qs_interface`."""
+    if memo is None:
+        side = _dockq_model_side(mdl_s, nat, mapping, r1, r2)
+    else:
+        if ("dockq", r1, r2) not in memo:
+            memo["dockq", r1, r2] = _dockq_model_side(mdl_s, nat, mapping, r1, r2)
+        side = memo["dockq", r1, r2]
+    ma1, ma2, to_ref, atom_residue = side
+    found = to_ref[_contact_pairs(np.asarray(x, np.float64), ma1, ma2, atom_residue, DOCKQ_CONTACT)]
+    mdl = set(map(tuple, found.tolist()))  # distinct: the mapping is one to one
     nnat = len(nat.native)
     return {"fnat": len(nat.native & mdl) / nnat if nnat else 0.0,
             "fnonnat": len(mdl - nat.native) / len(mdl) if mdl else 0.0,
@@ -298,31 +367,62 @@ def native_interfaces(ref_s) -> list[tuple[str, str]]:
 # lDDT restricted to inter-chain pairs
 
 
-def interface_lddt(model, ref_s, pairs: np.ndarray, device: str = "cpu") -> np.ndarray:
-    """lDDT (M,) over the reference's inter-chain atom pairs only (OpenStructure's ``no_intrachain``),
-    of every frame of ``model``: lDDT's NumPy twin on the CPU, its CUDA kernel on the GPU (one launch)."""
-    from .._array import dispatch, to_numpy
-    from ..scoring import _batch, _fast
-    from ..scoring.lddt import _prepare, lddt_counts_cuda
-
-    be = dispatch(model, ref_s, device=device)
-    ref, batch, _, _ = _prepare(model, ref_s, "heavy", 15.0, pairs, be,
-                                _batch.work_dtype(model, ref_s) if be.on_gpu else np.dtype(np.float64))
+def _inter_chain(ref):
+    """An :class:`~protgpu.scoring.lddt.LDDTReference` restricted to its inter-chain pairs
+    (OpenStructure's ``no_intrachain``)."""
     chain_of_res = np.asarray([lab.rsplit(":", 1)[0] for lab in ref.labels])
     ach = chain_of_res[ref.atom_res]
     inter = ach[ref.pairs[:, 0]] != ach[ref.pairs[:, 1]]
     p = ref.pairs[inter]
     n_exp = np.bincount(ref.atom_res[p[:, 0]], minlength=ref.n_res) + \
         np.bincount(ref.atom_res[p[:, 1]], minlength=ref.n_res)
-    sub = replace(ref, pairs=p, dref=ref.dref[inter], n_exp=n_exp.astype(np.int64), _device={})
+    return replace(ref, pairs=p, dref=ref.dref[inter], n_exp=n_exp.astype(np.int64), _device={})
+
+
+def lddt_reference_of(ref_s, flavour: str, cache: dict | None = None):
+    """(LDDTReference, reference ResidueInfo, scored reference atoms) of :func:`protgpu.lddt` (15 A
+    inclusion radius) for ``flavour`` "heavy", "ca" or "inter" (heavy atoms, inter-chain pairs only);
+    kept in ``cache`` (a :class:`ComplexReference`'s: built once per run, not per batch, and its device
+    copies stay on the GPU between batches)."""
+    from ..scoring.lddt import _structure_reference
+
+    cache = {} if cache is None else cache
+    if flavour not in cache:
+        if flavour == "inter":
+            r, info, atoms = lddt_reference_of(ref_s, "heavy", cache)
+            cache[flavour] = (_inter_chain(r), info, atoms)
+        else:
+            cache[flavour] = _structure_reference(ref_s, flavour, 15.0)
+    return cache[flavour]
+
+
+def lddt_of(model, ref_s, flavour: str, pairs: np.ndarray, device: str = "cpu", cache: dict | None = None):
+    """lDDT (M,) of every frame of ``model`` on the residue ``pairs``: :func:`protgpu.lddt`'s values
+    (default thresholds, symmetry resolved) for ``flavour`` "heavy" or "ca", and for "inter" the lDDT
+    over the reference's inter-chain pairs only (the interface lDDT); lDDT's NumPy twin (compiled) on
+    the CPU, its CUDA kernel on the GPU (one launch). ``cache`` as :func:`lddt_reference_of`."""
+    from .._array import dispatch, to_numpy
+    from ..scoring import _batch, _fast
+    from ..scoring.lddt import lddt_counts_cuda
+
+    be = dispatch(model, ref_s, device=device)
+    ref, info, ref_atoms = lddt_reference_of(ref_s, flavour, cache)
+    groups, _ = _batch.collect_models(model, ref_s)
+    batch = _batch.atom_batch(groups, ref_s, info, ref_atoms, pairs, be, _batch.work_dtype(model, ref_s))
     if be.on_gpu:
-        counts = lddt_counts_cuda(batch.coords, sub)
+        counts = lddt_counts_cuda(batch.coords, ref)
     elif _fast.enabled():  # the compiled twin (integer counts: the same as the NumPy twin's)
-        counts = _fast.lddt_counts(np.asarray(batch.coords, np.float64), sub)
+        counts = _fast.lddt_counts(batch.coords.astype(np.float64), ref)
     else:
-        counts = lddt_counts_numpy(np.asarray(batch.coords, np.float64), sub)
-    glob, _ = lddt_scores(counts, sub, 4, be.xp)
+        counts = lddt_counts_numpy(batch.coords.astype(np.float64), ref)
+    glob, _ = lddt_scores(counts, ref, 4, be.xp)
     return np.asarray(to_numpy(glob), np.float64).reshape(-1)
+
+
+def interface_lddt(model, ref_s, pairs: np.ndarray, device: str = "cpu") -> np.ndarray:
+    """lDDT (M,) over the reference's inter-chain atom pairs only (OpenStructure's ``no_intrachain``),
+    of every frame of ``model`` (see :func:`lddt_of`)."""
+    return lddt_of(model, ref_s, "inter", pairs, device)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -364,28 +464,103 @@ class ComplexReference:
         rinfo = mp.residue_info(self.structure)
         want_qs = "qs_global" in self.metrics or "qs_best" in self.metrics
         self.qs = _QSChains(self.structure, rinfo, protein_chains(rinfo)) if want_qs else None
+        self._tables: dict = {}  # model atom tables seen (in this process): see _ModelTable
+        self._lddt: dict = {}  # lDDT reference pair lists by flavour: see _lddt_reference
+
+    def __getstate__(self):
+        # the caches are rebuilt where needed (a parse worker, the compute process): not shipped
+        return {**self.__dict__, "_tables": {}, "_lddt": {}}
 
 
-def map_model(model_s, ref: ComplexReference, *, chain_mapping="auto", min_identity: float = 30.0):
-    """(cleaned model Structure, :class:`ChainMapping`) of one model frame against a prepared reference."""
-    s = clean(model_s)
-    return s, _map(s, ref.structure, min_identity=min_identity, chain_mapping=chain_mapping, max_naive=40320)
+#: Most model atom tables a ComplexReference remembers (a campaign of many designs of different
+#: lengths keeps the last ones: the models of one design come together).
+MAX_TABLES = 64
+
+
+def atoms_key(atoms) -> bytes:
+    """sha1 over every field of an atom table that cleaning, mapping and scoring read."""
+    import hashlib
+
+    h = hashlib.sha1()
+    for arr in (atoms.name, atoms.resname, atoms.chain, atoms.segid, atoms.resid, atoms.icode, atoms.element,
+                atoms.hetero, atoms.residue_index):
+        arr = np.ascontiguousarray(arr)
+        h.update(f"{arr.dtype.str}:{len(arr)};".encode())
+        h.update(arr.tobytes())
+    return h.digest()
+
+
+class _ModelTable:
+    """What one model atom table decides against a reference, computed for the first model that has it
+    and reused for the others (the models of one design share their table): the clean-up's atoms, the
+    chain mapping (unless the assignment of equivalent chains is decided by coordinates: homomers,
+    mapped per model) and the memo of the per-model CPU parts (:func:`host_scores`)."""
+
+    def __init__(self, model_s, ref: ComplexReference, chain_mapping, min_identity: float):
+        keep = clean_keep(model_s)
+        s = model_s if keep is None else model_s.select(keep)
+        self.keep = None if keep is None else np.flatnonzero(keep)
+        self.atoms = s.atoms
+        self.options = (chain_mapping, min_identity)
+        cm = _map(s, ref.structure, min_identity=min_identity, chain_mapping=chain_mapping, max_naive=MAX_NAIVE)
+        # an ambiguous assignment (equivalent chains) was chosen by this model's lDDT: not shared
+        self.mapping = cm if np.isnan(cm.score) else None
+        self.first = (s, cm)
+        self.memo: dict = {}  # per mapping's chain pairs: host_scores' memo and the batching key
+        self.key = atoms_key(s.atoms)
+
+    def structure(self, model_s):
+        """The cleaned Structure of a model with this atom table, on this table's (equal) AtomTable object:
+        the models a parse worker sends in one message then carry one table, not one each."""
+        x = model_s.coords if self.keep is None else np.ascontiguousarray(model_s.coords[:, self.keep])
+        return Structure(x, self.atoms, source=model_s.source, box=model_s.box, time=model_s.time,
+                         box_source=model_s.box_source)
+
+    def memo_of(self, cm: ChainMapping) -> dict:
+        """The memo of a mapping of this table (the residue pairs follow from the chain pairs)."""
+        return self.memo.setdefault(tuple(sorted(cm.chains.items())), {})
+
+
+def map_model(model_s, ref: ComplexReference, *, chain_mapping="auto", min_identity: float = 30.0,
+              table: bool = False, key: bytes | None = None):
+    """(cleaned model Structure, :class:`ChainMapping`) of one model frame against a prepared reference;
+    with ``table=True`` also its :class:`_ModelTable` (for :func:`host_scores` and :func:`score_mapped`).
+
+    The clean-up and the mapping are computed once per distinct model atom table (remembered in ``ref``,
+    in this process); a model whose chains cannot be mapped fails each time, naming itself. ``key``: the
+    :func:`atoms_key` of its atom table when the caller has it."""
+    key = (key or atoms_key(model_s.atoms), repr(chain_mapping), float(min_identity))
+    t = ref._tables.get(key)
+    if t is None:
+        t = _ModelTable(model_s, ref, chain_mapping, float(min_identity))
+        if len(ref._tables) >= MAX_TABLES:
+            ref._tables.pop(next(iter(ref._tables)))
+        ref._tables[key] = t
+        s, cm = t.first
+    else:
+        s = t.structure(model_s)
+        if t.mapping is not None:
+            cm = replace(t.mapping, model_source=source_name(s, "model"))
+        else:
+            cm = _map(s, ref.structure, min_identity=min_identity, chain_mapping=chain_mapping, max_naive=MAX_NAIVE)
+    return (s, cm, t) if table else (s, cm)
 
 
 #: The per-interface DockQ columns of :func:`score_complex`, shape (M, I) each.
 DOCKQ_PARTS = ("dockq_per_interface", "fnat", "fnonnat", "irmsd", "lrmsd", "nnat", "nmdl")
 
 
-def _topology_key(s, cm: ChainMapping) -> tuple:
-    """Models with equal keys share an atom table and a mapping: their scores are one batched call."""
-    import hashlib
+def group_key(s, cm: ChainMapping, table: _ModelTable | None = None) -> tuple:
+    """Models with equal keys share an atom table and a mapping: their scores are one batched call
+    (``table``: the model's :class:`_ModelTable`, which knows its table's digest and keeps the key)."""
+    memo = table.memo_of(cm) if table is not None else {}
+    if "group_key" not in memo:
+        import hashlib
 
-    a = s.atoms
-    h = hashlib.sha1()
-    for arr in (a.name, a.resname, a.chain, a.resid, a.icode, a.element):
-        h.update(np.ascontiguousarray(arr).tobytes())
-    h.update(np.ascontiguousarray(cm.residue_pairs()).tobytes())
-    return (s.n_atoms, h.hexdigest(), tuple(sorted(cm.chains.items())))
+        pairs = hashlib.sha1(np.ascontiguousarray(cm.residue_pairs()).tobytes()).digest()
+        memo["group_key"] = (s.n_atoms, table.key if table is not None else atoms_key(s.atoms), pairs,
+                             tuple(sorted(cm.chains.items())))
+    return memo["group_key"]
 
 
 def _host(v) -> np.ndarray:
@@ -395,37 +570,60 @@ def _host(v) -> np.ndarray:
     return np.atleast_1d(np.asarray(to_numpy(v) if not np.isscalar(v) else v, np.float64))
 
 
-def host_scores(structure, mapping: ChainMapping, ref: ComplexReference) -> dict:
+def host_scores(structure, mapping: ChainMapping, ref: ComplexReference, table: _ModelTable | None = None) -> dict:
     """The per-model parts of the scores, counted on the CPU (a parse worker can do them): QS_global and
-    QS_best, and per reference interface (I,) fnat, fnonnat, nnat and nmdl (NaN where not mapped)."""
+    QS_best, and per reference interface (I,) fnat, fnonnat, nnat and nmdl (NaN where not mapped).
+    ``table``: the model's :class:`_ModelTable` (from :func:`map_model`), whose memo keeps what depends
+    on the atom table and mapping only."""
     out: dict = {}
+    memo = table.memo_of(mapping) if table is not None else {}
     if ref.qs is not None:
-        minfo = mp.residue_info(structure)
-        out["qs_global"], out["qs_best"] = qs_score(ref.qs, _QSChains(structure, minfo, protein_chains(minfo)),
-                                                    mapping)
+        if "qs_chains" not in memo:
+            minfo = mp.residue_info(structure)
+            chains = protein_chains(minfo)
+            memo["qs_chains"] = (chains, _qs_reps(minfo, chains))
+        chains, reps = memo["qs_chains"]
+        out["qs_global"], out["qs_best"] = qs_score(ref.qs, _QSChains(structure, None, chains, reps), mapping, memo)
     if "dockq" in ref.metrics:
         parts = {p: np.full(len(ref.interfaces), np.nan) for p in ("fnat", "fnonnat", "nnat", "nmdl")}
         for i, (a, b) in enumerate(ref.interfaces):
             if a in mapping.chains and b in mapping.chains:
-                d = _dockq_contacts(structure, structure.coords[0], ref.native[a, b], mapping, a, b)
+                d = _dockq_contacts(structure, structure.coords[0], ref.native[a, b], mapping, a, b, memo)
                 for p, v in d.items():
                     parts[p][i] = v
         out.update(parts)
     return out
 
 
+class _Clock:
+    """Adds the seconds since the last call to ``timers[step]`` (nothing without a dict)."""
+
+    def __init__(self, timers: dict | None):
+        import time
+
+        self.timers, self.now = timers, time.perf_counter
+        self.t = self.now()
+
+    def __call__(self, step: str) -> None:
+        if self.timers is not None:
+            t = self.now()
+            self.timers[step] = self.timers.get(step, 0.0) + t - self.t
+            self.t = t
+
+
 def score_mapped(structures: list, mappings: list, ref: ComplexReference, device: str = "cpu",
-                 host: list | None = None) -> dict:
+                 host: list | None = None, keys: list | None = None, timers: dict | None = None) -> dict:
     """The scores of cleaned, mapped model frames (see :func:`score_complex` for the columns).
 
     Models of one atom table and one mapping (the many models of one design, a trajectory) are stacked
-    and scored together: one :func:`protgpu.lddt` call per lDDT flavour, one :func:`protgpu.tm_score`,
-    one interface-lDDT launch and one batched superposition per DockQ RMSD; on the GPU when ``device``
-    says so. QS-score and the DockQ contacts are counted per model on the CPU (:func:`host_scores`;
-    ``host`` holds them when a caller counted them already, one dict per model).
+    and scored together: one lDDT launch per lDDT flavour (the reference's pair lists built once per
+    ``ref``), one :func:`protgpu.tm_score`, and one batched superposition per DockQ RMSD; on the GPU
+    when ``device`` says so. QS-score and the DockQ contacts are counted per model on the CPU
+    (:func:`host_scores`; ``host`` holds them when a caller counted them already, one dict per model).
+    ``keys``: each model's :func:`group_key` when a caller has them (a parse worker computed them).
+    ``timers``: a dict that the seconds of each step are added to (``stack_s``, ``lddt_s``, ``tm_s``,
+    ``dockq_rmsd_s``; the results are on the host at the end of each, so GPU time is included).
     """
-    from ..structure.core import Structure
-
     metrics = ref.metrics
     m = len(structures)
     host = host if host is not None else [host_scores(s, cm, ref) for s, cm in zip(structures, mappings, strict=True)]
@@ -444,27 +642,31 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
     groups: dict = {}
     seen: dict = {}  # (atom table, mapping) objects already keyed: the frames of one input share them
     for k, (s, cm) in enumerate(zip(structures, mappings, strict=True)):
+        if keys is not None:
+            groups.setdefault(keys[k], []).append(k)
+            continue
         ids = (id(s.atoms), id(cm))
         if ids not in seen:
-            seen[ids] = _topology_key(s, cm)
+            seen[ids] = group_key(s, cm)
         groups.setdefault(seen[ids], []).append(k)
     ref_s = ref.structure
+    clock = _Clock(timers)
     for idx in groups.values():
         first, cm = structures[idx[0]], mappings[idx[0]]
         xs = np.stack([np.asarray(structures[k].coords[0]) for k in idx])
         stack = first if len(idx) == 1 else Structure(xs, first.atoms, source=first.source)
         rp = cm.residue_pairs()
-        if "lddt" in metrics:
-            table["lddt"][idx] = _host(lddt(stack, ref_s, mapping=rp, device=device))
-        if "bb_lddt" in metrics:
-            table["bb_lddt"][idx] = _host(lddt(stack, ref_s, atoms="ca", mapping=rp, device=device))
-        if "ilddt" in metrics:
-            table["ilddt"][idx] = interface_lddt(stack, ref_s, rp, device=device)
+        clock("stack_s")
+        for col, flavour in (("lddt", "heavy"), ("bb_lddt", "ca"), ("ilddt", "inter")):
+            if col in metrics:
+                table[col][idx] = lddt_of(stack, ref_s, flavour, rp, device, ref._lddt)
+        clock("lddt_s")
         if want_tm:
             t = tm_score(stack, ref_s, mapping=rp, device=device)
             for col, v in (("tm_score", t.tm), ("gdtts", t.gdt_ts), ("gdtha", t.gdt_ha), ("rmsd", t.rmsd)):
                 if col in metrics:
                     table[col][idx] = _host(v)
+        clock("tm_s")
         if "dockq" in metrics:
             total = np.zeros(len(idx))
             for i, (a, b) in enumerate(ifaces):
@@ -476,6 +678,7 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
                     total += d
             # DockQ v2: the mean over every reference interface, an unmapped one counting 0
             table["dockq"][idx] = total / len(ifaces) if ifaces else np.nan
+        clock("dockq_rmsd_s")
     table["chain_mapping"] = list(mappings)
     return table
 

@@ -61,3 +61,24 @@ def test_evaluate_cli_on_gpu(gpu, tmp_path, datasets):
     assert r.returncode == 0, r.stderr
     (row,) = list(csv.DictReader(out.open()))
     assert round(float(row["dockq"]), 3) == 0.559 and round(float(row["bb_lddt"]), 3) == 0.622
+
+
+def test_kept_lddt_references_serve_later_batches_on_the_gpu(gpu, models):
+    """evaluate's compute: the reference's lDDT pair lists (and their device copies) built by the job's
+    warm-up serve every batch; batches of worker-keyed models give the CPU's numbers."""
+    from protgpu.batch.jobs.evaluate import EvaluateJob
+    from protgpu.complexes import scores as sc
+
+    s, ref_path = models
+    job = EvaluateJob(str(ref_path), confidence="none", device="gpu")
+    job.warm_up()
+    ref = job.reference
+    assert set(ref._lddt) == {"heavy", "ca", "inter"}
+    mapped = [sc.map_model(s.frames(k), ref, table=True) for k in range(s.n_frames)]
+    structs, maps = [m[0] for m in mapped], [m[1] for m in mapped]
+    keys = [sc.group_key(*m) for m in mapped]
+    parts = [sc.score_mapped(structs[a:b], maps[a:b], ref, "gpu", keys=keys[a:b]) for a, b in ((0, 8), (8, 17))]
+    cpu = sc.score_mapped(structs, maps, sc.ComplexReference(ref_path), "cpu")
+    for col, tol in TOL.items():
+        got = np.concatenate([p[col] for p in parts])
+        np.testing.assert_allclose(got, cpu[col], rtol=0, atol=tol, err_msg=col)
