@@ -39,6 +39,15 @@ DOCKQ_213 = {
 # ... and its API example, chain map A:A, B:B (the README's numbers above, to within 2e-7).
 DOCKQ_213_API_AB = {"dockq": 0.9425399167707744, "irmsd": 0.37530623885751874,
                     "lrmsd": 0.5535110205621364}
+# DockQ 2.1.3 again with its superpositions in float64 (Bio.SVDSuperimposer fed float64 copies of its
+# float32 coordinates; contacts unchanged): per native interface DockQ, iRMSD, LRMSD, and the API
+# example's AB. The float32 arithmetic was the whole difference: these agree with protgpu to 1e-12.
+DOCKQ_213_FLOAT64 = {
+    ("A", "B"): (0.9943977591036415, 8.939206062037087e-15, 7.644907324734097e-15),
+    ("A", "C"): (0.5112812082908073, 1.2369151888595733, 6.864331741815745),
+    ("B", "C"): (0.4530554540297315, 2.103856809018143, 8.131449499067282),
+}
+DOCKQ_213_FLOAT64_API_AB = (0.9425399150284584, 0.37530624865934215, 0.5535111739847302)
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +102,15 @@ def test_1a2k_agrees_with_dockq_213(table):
         assert _per_interface(table, "lrmsd")[iface] == pytest.approx(lrmsd, abs=1e-4)
         assert _per_interface(table, "nnat")[iface] == nnat
         assert _per_interface(table, "nmdl")[iface] == nmdl
+
+
+def test_1a2k_agrees_with_dockq_213_in_float64(table, table_ab):
+    names = ("dockq_per_interface", "irmsd", "lrmsd")
+    for iface, want in DOCKQ_213_FLOAT64.items():
+        got = [_per_interface(table, name)[iface] for name in names]
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+    got = [_per_interface(table_ab, name)[("A", "B")] for name in names]
+    np.testing.assert_allclose(got, DOCKQ_213_FLOAT64_API_AB, rtol=1e-9, atol=1e-9)
 
 
 def test_1a2k_api_example_chain_map_ab(table_ab):
