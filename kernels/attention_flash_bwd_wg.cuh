@@ -1,6 +1,6 @@
 // attention_flash_bwd_wg.cuh: the attention backward on Hopper warpgroup MMA (flash_bwd_wg_* of
 // attention_flash_bwd.cu, which inlines this header; bodies only when BWG_ENABLED: sm_90a, 16-bit,
-// HEAD_DIM = 64). Needs the .cu's HEAD_DIM, i64, bw_warp_sum, wgmma.cuh and the mma kernel's bwm_red2.
+// HEAD_DIM = 64). Needs the .cu's HEAD_DIM, i64, bw_warp_sum and wgmma.cuh.
 //
 // One block = one warpgroup (4 warps) per (tile of 64 keys, head, batch entry); warp w owns keys
 // 16 w .. 16 w + 15, the rows of every m64 product below. Query tiles of 64 rows stream through shared
@@ -18,7 +18,8 @@
 //   the next query tile's Q, dO are issued (cp.async) into the same buffers, overlapping 3.;
 //   3. dQ = dS K: A = dS^T from shared memory read transposed (M-major), B = K N-major, both by
 //      descriptor (no register operand: every warp's dS is needed); the query side of dcoords (four
-//      warps' partials summed, atomics) overlaps it; dQ added to the float32 accumulator by red.global.
+//      warps' partials summed, atomics) overlaps it; dQ added to the float32 accumulator by red.global
+//      (16-byte vectors).
 // Two block barriers per tile (one above, one at the top for the cp.async data), as the mma.sync kernel,
 // but the shared-memory operands are read once per warpgroup instead of once per warp (ldmatrix).
 // Numerics as flash_bwd_mma_*: dS rounded to 16-bit for dK and dQ, float32 for dcoords and dgamma.
@@ -42,6 +43,13 @@ __device__ __forceinline__ void bwg_wgmma_ss_tt(float* d, unsigned long long a_d
 // Orders this thread's generic-proxy shared-memory writes (st.shared, cp.async) before later reads by
 // the async proxy (wgmma operands from descriptors).
 __device__ __forceinline__ void bwg_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// p[0..3] += a, b, c, e by one vector reduction (p 16-byte aligned; sm_90); all zeros are skipped.
+__device__ __forceinline__ void bwg_red4(float* p, float a, float b, float c, float e) {
+    if (a != 0.f || b != 0.f || c != 0.f || e != 0.f)
+        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(e)
+                     : "memory");
+}
 
 __device__ __forceinline__ void bwg_st32(u32 addr, u32 v) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
@@ -288,13 +296,21 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
         }
         fa_wg_wait<0>();
         fa_reg_fence<32>(dqa);
+        // Added by 16-byte reductions (half the operations of 8-byte ones): thread pairs (tig, tig ^ 1) swap
+        // halves, the even one then holds 4 columns of row grp, the odd one 4 of row grp + 8.
+        {
+            const bool odd = tig & 1;
+            const int qi = i0 + warp * 16 + grp + (odd ? 8 : 0);
+            float* dst = dq_acc + base + (i64)qi * rs + 2 * (tig & ~1);
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            const int qi = i0 + warp * 16 + grp + 8 * hh;
-            if (qi < L) {
-                float* dst = dq_acc + base + (i64)qi * rs + 2 * tig;
-#pragma unroll
-                for (int n = 0; n < 8; ++n) bwm_red2(dst + 8 * n, scale * dqa[4 * n + 2 * hh], scale * dqa[4 * n + 2 * hh + 1]);
+            for (int n = 0; n < 8; ++n) {
+                const float a0 = dqa[4 * n], a1 = dqa[4 * n + 1], b0 = dqa[4 * n + 2], b1 = dqa[4 * n + 3];
+                const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+                const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+                if (qi < L) {
+                    if (odd) bwg_red4(dst + 8 * n, scale * r0, scale * r1, scale * b0, scale * b1);
+                    else bwg_red4(dst + 8 * n, scale * a0, scale * a1, scale * r0, scale * r1);
+                }
             }
         }
     }

@@ -159,9 +159,20 @@ def emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, dout):
             dslog, klog = logical(dst), logical(ks)
             dqa = sum(wgmma(dslog[16 * kc:16 * kc + 16].T, klog[16 * kc:16 * kc + 16]) for kc in range(4))
             dqa = dqa[ROW, COL]
-            qrow = i0 + ROW
-            okq = qrow < L
-            np.add.at(dq, (b, qrow[okq], h, COL[okq]), scale * dqa[okq])
+            # 16-byte reductions: lanes tig, tig ^ 1 swap halves (the even one: row grp, the odd one grp + 8)
+            lane = np.arange(32)
+            odd = (lane & 1).astype(bool)[None, :]
+            qrow = i0 + 16 * np.arange(4)[:, None] + (lane >> 2)[None, :] + 8 * odd
+            col0 = 2 * (lane & 2)[None, :]
+            for n in range(8):
+                a0, a1, b0, b1 = (dqa[:, :, 4 * n + e] for e in range(4))
+                r0, r1 = np.where(odd, a0, b0)[:, lane ^ 1], np.where(odd, a1, b1)[:, lane ^ 1]
+                vals = np.stack([np.where(odd, r0, a0), np.where(odd, r1, a1), np.where(odd, b0, r0),
+                                 np.where(odd, b1, r1)], axis=-1)
+                for c in range(4):
+                    qr, cc = np.broadcast_arrays(qrow, 8 * n + col0 + c)
+                    ok = qr < L
+                    np.add.at(dq, (b, qr[ok], h, cc[ok]), scale * vals[..., c][ok])
             qsum = qg.sum(axis=0).T  # (64, 3)
             dx[b, qi[inq]] += -2 * g * qsum[inq]
         # dK, dV; the key side of dcoords (sum over tig); dgamma
