@@ -15,7 +15,8 @@
 //      B = dO, Q N-major from shared memory; while they run, dS^T (16-bit) goes to shared memory in the
 //      128-byte swizzle (keys as rows);
 //   -- barrier (every warp's dS^T stored; every wgmma reading Q, dO done) --
-//   the next query tile's Q, dO are issued (cp.async) into the same buffers, overlapping 3.;
+//   the next query tile's Q, dO are issued (cp.async) into the same buffers, overlapping 3. (its
+//   coordinates, lse and Dlt, double-buffered by tile parity, are loaded after 3. is issued);
 //   3. dQ = dS K: A = dS^T from shared memory read transposed (M-major), B = K N-major, both by
 //      descriptor (no register operand: every warp's dS is needed); the query side of dcoords (four
 //      warps' partials summed, atomics) overlaps it; dQ added to the float32 accumulator by red.global
@@ -143,7 +144,7 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
         const bool in = j0 + r < L;  // rows past the end: zeros, from a valid address
         fa_cp_async16(ks_a + soff + (u32)(p * 2048), k + base + (in ? (i64)(j0 + r) * rs : 0) + lc * 8, in ? 16 : 0);
     }
-    auto load_q = [&](int i0, int par) {
+    auto load_q = [&](int i0) {  // Q, dO of the query tile at i0 (cp.async)
 #pragma unroll
         for (int p = 0; p < 4; ++p) {
             const int r = lr + 16 * p;
@@ -153,6 +154,8 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
             fa_cp_async16(dos_a + soff + (u32)(p * 2048), dout + off, in ? 16 : 0);
         }
         fa_cp_async_commit();
+    };
+    auto load_xq = [&](int i0, int par) {  // its coordinates, lse, Dlt (threads < 64: plain loads)
         if (tid < BWG_TILE) {
             const int r = i0 + tid;
             const bool in = r < L;
@@ -161,7 +164,8 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
             sm.dl[par][tid] = in ? dl_bh[r] : 0.f;
         }
     };
-    load_q(0, 0);
+    load_q(0);
+    load_xq(0, 0);
 
     float dva[32], dka[32];  // dV, dK (unscaled) of the warp's 16 keys x 64 features: eight m16n8 tiles
 #pragma unroll
@@ -274,7 +278,8 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
         bwg_fence_proxy_async();
         __syncthreads();  // every warp's dS^T and query partials are stored; Q, dO are free
 
-        if (i0 + BWG_TILE < L) load_q(i0 + BWG_TILE, par ^ 1);  // (overlaps 3.)
+        const bool more = i0 + BWG_TILE < L;
+        if (more) load_q(i0 + BWG_TILE);  // (overlaps 3.)
 
         // ---- 3. dQ = dS K for the 64 queries (warp w: queries 16 w ..), k-steps of 16 keys = 16 rows of both
         float dqa[32];
@@ -285,6 +290,8 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
             bwg_wgmma_ss_tt<!BF16>(dqa, fa_wg_desc(dst_a + 2048 * kc, 8 * 1024, 8 * 128, FA_SWIZZLE_128B),
                                    fa_wg_desc(ks_a + 2048 * kc, 8 * 1024, 8 * 128, FA_SWIZZLE_128B), kc > 0);
         fa_wg_commit();
+        // (after the issue: threads < 64 wait for these global loads while the warpgroup's dQ runs)
+        if (more) load_xq(i0 + BWG_TILE, par ^ 1);
         if (tid < BWG_TILE && i0 + tid < L) {  // query side of dcoords: -2 gamma sum_j dS_ij (x_i - x_j)
             float sx = 0.f, sy = 0.f, sz = 0.f;
 #pragma unroll
