@@ -349,9 +349,10 @@ def train_rows(qt, kt, vt, xt, gamma, add, both, res, extra):
 
 
 def backward_kernel_rows(qg, kg, vg, xg, gp, dout, ours_fb, add, path) -> dict:
-    """For each tensor-core backward kernel (BW_MMA = 1 mma.sync, 2 wgmma): fwd+bwd as ``ours_fb`` (x20)
-    and the backward alone on the forward's out and lse (x20, TFLOP/s of its five products). Returns
-    ``{"BW_MMA=<n> (<variant>)": {"fwdbwd_ms", "backward_ms", "backward_tflops"}}``; restores the knobs."""
+    """For each tensor-core backward kernel (BW_MMA = 1 mma.sync, 2 wgmma, and 2 with BWG_DQ_MMA = 1: dQ
+    on mma.sync): fwd+bwd as ``ours_fb`` (x20) and the backward alone on the forward's out and lse (x20,
+    TFLOP/s of its five products). Returns ``{"<knobs> (<variant>)": {"fwdbwd_ms", "backward_ms",
+    "backward_tflops"}}``; restores the knobs."""
     from protgpu.attention import flash_backward as fbk
 
     B, L, H, d = qg.shape
@@ -361,10 +362,11 @@ def backward_kernel_rows(qg, kg, vg, xg, gp, dout, ours_fb, add, path) -> dict:
     saved = dict(fbk.BWD_OVERRIDES)
     found = {}
     try:
-        for level in (1, 2):
+        for knobs in ({"BW_MMA": 1}, {"BW_MMA": 2}, {"BW_MMA": 2, "BWG_DQ_MMA": 1}):
             fbk.BWD_OVERRIDES.clear()
-            fbk.BWD_OVERRIDES.update(saved, BW_MMA=level)
-            name = f"BW_MMA={level} ({fbk.bwd_variant(fbk.bwd_config('bfloat16', d))})"
+            fbk.BWD_OVERRIDES.update(saved, **knobs)
+            variant = fbk.bwd_variant(fbk.bwd_config("bfloat16", d))
+            name = f"{', '.join(f'{k}={v}' for k, v in knobs.items())} ({variant})"
             fwdbwd = add(f"protgpu bf16 fwd+bwd, {name} [x20]", time_gpu_batched(ours_fb), path)
 
             def bwd():

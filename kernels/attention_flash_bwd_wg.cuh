@@ -25,6 +25,9 @@
 // but the shared-memory operands are read once per warpgroup instead of once per warp (ldmatrix).
 // Numerics as flash_bwd_mma_*: dS rounded to 16-bit for dK and dQ, float32 for dcoords and dgamma.
 #define BWG_TILE 64  // keys per block and query rows per tile
+#ifndef BWG_DQ_MMA     // 1: dQ = dS K on mma.sync + ldmatrix from the same shared-memory tiles (a fallback,
+#define BWG_DQ_MMA 0   // should the transposed shared-memory A operand of wgmma misbehave)
+#endif
 
 #if BWG_ENABLED
 // d = A (descriptor) B (descriptor) (+ d): both operands from shared memory, both MN-major (transposed).
@@ -283,13 +286,36 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
 
         // ---- 3. dQ = dS K for the 64 queries (warp w: queries 16 w ..), k-steps of 16 keys = 16 rows of both
         float dqa[32];
-        fa_reg_fence<32>(dqa);
-        fa_wg_fence();
+        if (!BWG_DQ_MMA) {
+            fa_reg_fence<32>(dqa);
+            fa_wg_fence();
 #pragma unroll
-        for (int kc = 0; kc < 4; ++kc)
-            bwg_wgmma_ss_tt<!BF16>(dqa, fa_wg_desc(dst_a + 2048 * kc, 8 * 1024, 8 * 128, FA_SWIZZLE_128B),
-                                   fa_wg_desc(ks_a + 2048 * kc, 8 * 1024, 8 * 128, FA_SWIZZLE_128B), kc > 0);
-        fa_wg_commit();
+            for (int kc = 0; kc < 4; ++kc)
+                bwg_wgmma_ss_tt<!BF16>(dqa, fa_wg_desc(dst_a + 2048 * kc, 8 * 1024, 8 * 128, FA_SWIZZLE_128B),
+                                       fa_wg_desc(ks_a + 2048 * kc, 8 * 1024, 8 * 128, FA_SWIZZLE_128B), kc > 0);
+            fa_wg_commit();
+        } else {
+            // BWG_DQ_MMA: the same product on mma.sync, operands by ldmatrix.trans from the swizzled tiles
+            // (matrix m = lane / 8 of an x4: rows + 8 (m & 1), columns + 8 (m >> 1) of A^T = dS^T, B = K).
+#pragma unroll
+            for (int e = 0; e < 32; ++e) dqa[e] = 0.f;
+            const int mrow = ((lane >> 3) & 1) * 8 + (lane & 7), mcol = (lane >> 4) & 1;
+#pragma unroll
+            for (int kc = 0; kc < 4; ++kc) {
+                const int row = 16 * kc + mrow;  // (row & 7) = lane & 7
+                u32 a[4];
+                fa_ldmatrix_x4_trans(a[0], a[2], a[1], a[3],
+                                     dst_a + (u32)(row * 128 + (((2 * warp + mcol) ^ (lane & 7)) << 4)));
+#pragma unroll
+                for (int fp = 0; fp < 4; ++fp) {
+                    u32 b00, b01, b10, b11;
+                    fa_ldmatrix_x4_trans(b00, b01, b10, b11,
+                                         ks_a + (u32)(row * 128 + (((2 * fp + mcol) ^ (lane & 7)) << 4)));
+                    fa_mma<BF16>(&dqa[8 * fp], a, b00, b01);
+                    fa_mma<BF16>(&dqa[8 * fp + 4], a, b10, b11);
+                }
+            }
+        }
         // (after the issue: threads < 64 wait for these global loads while the warpgroup's dQ runs)
         if (more) load_xq(i0 + BWG_TILE, par ^ 1);
         if (tid < BWG_TILE && i0 + tid < L) {  // query side of dcoords: -2 gamma sum_j dS_ij (x_i - x_j)
@@ -301,8 +327,10 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
             if (sy != 0.f) atomicAdd(d + 1, -2.f * g * sy);
             if (sz != 0.f) atomicAdd(d + 2, -2.f * g * sz);
         }
-        fa_wg_wait<0>();
-        fa_reg_fence<32>(dqa);
+        if (!BWG_DQ_MMA) {
+            fa_wg_wait<0>();
+            fa_reg_fence<32>(dqa);
+        }
         // Added by 16-byte reductions (half the operations of 8-byte ones): thread pairs (tig, tig ^ 1) swap
         // halves, the even one then holds 4 columns of row grp, the odd one 4 of row grp + 8.
         {

@@ -12,6 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+# (ldmatrix and mma.sync as the PTX manual defines their fragments: the mma kernel's emulation, beside this file)
+from test_flash_backward_emulate import ldmatrix, mma
+
 from protgpu.attention.reference import attention_backward_numpy, attention_lse_numpy
 
 T = 64  # BWG_TILE; HEAD_DIM = 64
@@ -82,7 +85,27 @@ def halve(v, bit, mask):
     return keep + send[:, np.arange(32) ^ mask]
 
 
-def emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, dout):
+def dq_by_mma(dst, ks):
+    """BWG_DQ_MMA: dQ = dS K per warp on mma.sync, A^T = dS^T and B = K by ldmatrix.trans from the swizzled
+    tiles, as the kernel addresses them. Returns the accumulator (warp, lane, 32)."""
+    lane = np.arange(32)
+    mrow, mcol = ((lane >> 3) & 1) * 8 + (lane & 7), (lane >> 4) & 1
+    acc = np.zeros((4, 32, 32))
+    for w in range(4):
+        tiles = np.zeros((8, 32, 4))
+        for kc in range(4):
+            row = 16 * kc + mrow
+            r = ldmatrix(dst, (row * 128 + (((2 * w + mcol) ^ (lane & 7)) << 4)) // 2, True)
+            a = r[:, [0, 2, 1, 3]]
+            for fp in range(4):
+                bk = ldmatrix(ks, (row * 128 + (((2 * fp + mcol) ^ (lane & 7)) << 4)) // 2, True)
+                mma(tiles[2 * fp], a, bk[:, 0], bk[:, 1])
+                mma(tiles[2 * fp + 1], a, bk[:, 2], bk[:, 3])
+        acc[w] = tiles.transpose(1, 0, 2).reshape(32, 32)
+    return acc
+
+
+def emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, dout, dq_mma=False):
     B, L, H, d = q.shape
     assert d == 64
     dq, dk, dv = (np.zeros_like(q) for _ in range(3))
@@ -156,9 +179,12 @@ def emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, dout):
                     vals = sa[n >> 1][:, :, (n & 1) * 2 + hh]
                     dst[e], dst[e + 1] = vals[..., 0], vals[..., 1]
             # 3. dQ = dS K: A = dS^T MN-major (A[m][k] = row 16 kc + k, column m), B = K MN-major
-            dslog, klog = logical(dst), logical(ks)
-            dqa = sum(wgmma(dslog[16 * kc:16 * kc + 16].T, klog[16 * kc:16 * kc + 16]) for kc in range(4))
-            dqa = dqa[ROW, COL]
+            if dq_mma:
+                dqa = dq_by_mma(dst, ks)
+            else:
+                dslog, klog = logical(dst), logical(ks)
+                dqa = sum(wgmma(dslog[16 * kc:16 * kc + 16].T, klog[16 * kc:16 * kc + 16]) for kc in range(4))
+                dqa = dqa[ROW, COL]
             # 16-byte reductions: lanes tig, tig ^ 1 swap halves (the even one: row grp, the odd one grp + 8)
             lane = np.arange(32)
             odd = (lane & 1).astype(bool)[None, :]
@@ -189,8 +215,9 @@ def emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, dout):
     return dq, dk, dv, dx, dg
 
 
+@pytest.mark.parametrize("dq_mma", [False, True], ids=["dq-wgmma", "dq-mma"])
 @pytest.mark.parametrize("cutoff", [None, 9.0])
-def test_wgmma_backward_layout_reproduces_the_twin(cutoff):
+def test_wgmma_backward_layout_reproduces_the_twin(cutoff, dq_mma):
     rng = np.random.default_rng(1)
     B, L, H, d = 2, 100, 2, 64  # two key blocks and two query tiles, the second ones partial
     q, k, v, do = (rng.normal(size=(B, L, H, d)) for _ in range(4))
@@ -198,6 +225,6 @@ def test_wgmma_backward_layout_reproduces_the_twin(cutoff):
     gamma, mask, scale = np.array([0.05, 0.2]), rng.random((B, L)) < 0.8, 1 / np.sqrt(d)
     out, lse = attention_lse_numpy(q, k, v, x, gamma, cutoff, mask)
     ref = attention_backward_numpy(q, k, v, x, gamma, cutoff, mask, scale, out, lse, do)
-    got = emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, do)
+    got = emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, do, dq_mma)
     for name, a, r in zip(("dq", "dk", "dv", "dcoords", "dgamma"), got, ref, strict=True):
         assert np.max(np.abs(a - r)) <= 1e-12 * max(1.0, np.max(np.abs(r))), name
