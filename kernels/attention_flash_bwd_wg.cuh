@@ -76,7 +76,7 @@ struct __align__(16) BwgSmem {
     unsigned short dos[BWG_TILE * 64];
     unsigned short ks[BWG_TILE * 64];
     unsigned short dst[BWG_TILE * 64];  // dS^T, keys as rows
-    float4 xq[2][BWG_TILE];             // per parity of the query tile: x, y, z, lse (-inf past the end)
+    float4 xq[2][BWG_TILE];             // per parity of the query tile: x, y, z, lse log2(e) (-inf past the end)
     float dl[2][BWG_TILE];              // Dlt
     float qg[4][3][BWG_TILE];           // per warp: sum over its 16 keys of dS_ij (x_i - x_j), per query
     float gred[4];
@@ -109,6 +109,7 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
     const float* dl_bh = delta + ((i64)b * H + h) * L;
     const float NEG_INF = __int_as_float(0xff800000);
     const float LOG2E = 1.4426950408889634f;
+    const float scale_l2 = scale * LOG2E, g_l2 = g * LOG2E;
 
     // This warp's keys (rows grp, grp + 8 of its 16): K, V A fragments and coordinates, from global.
     int key[2];
@@ -162,7 +163,7 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
         if (tid < BWG_TILE) {
             const int r = i0 + tid;
             const bool in = r < L;
-            sm.xq[par][tid] = in ? make_float4(xb[3 * r], xb[3 * r + 1], xb[3 * r + 2], lse_bh[r])
+            sm.xq[par][tid] = in ? make_float4(xb[3 * r], xb[3 * r + 1], xb[3 * r + 2], lse_bh[r] * LOG2E)
                                  : make_float4(0.f, 0.f, 0.f, NEG_INF);
             sm.dl[par][tid] = in ? dl_bh[r] : 0.f;
         }
@@ -219,7 +220,7 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
                     const bool ok = kok[hh] && xq.w != NEG_INF && (cutoff2 < 0.f || d2 <= cutoff2);
                     float p = 0.f, ds = 0.f;
                     if (ok) {
-                        p = fa_exp2((fmaf(scale, st[4 * n + e], -g * d2) - xq.w) * LOG2E);
+                        p = fa_exp2(fmaf(scale_l2, st[4 * n + e], fmaf(-g_l2, d2, -xq.w)));  // (base 2)
                         ds = p * (dpt[4 * n + e] - sm.dl[par][qc]);
                         gacc -= ds * d2;
                     }
