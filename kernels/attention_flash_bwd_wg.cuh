@@ -28,6 +28,10 @@
 #ifndef BWG_DQ_MMA     // 1: dQ = dS K on mma.sync + ldmatrix from the same shared-memory tiles (a fallback,
 #define BWG_DQ_MMA 0   // should the transposed shared-memory A operand of wgmma misbehave)
 #endif
+#ifndef BWG_DQ_BULK    // 1: dQ added by bulk reductions of 256-byte rows staged in shared memory (cp.reduce.
+#define BWG_DQ_BULK 0  // async.bulk, as FlashAttention-3) instead of red.global.v4: 16x fewer operations
+#endif
+#define BWG_DQS_LD 72  // staged dQ rows: 64 floats + 8 (float2 stores of 16 lanes hit 32 banks)
 
 #if BWG_ENABLED
 // d = A (descriptor) B (descriptor) (+ d): both operands from shared memory, both MN-major (transposed).
@@ -55,6 +59,17 @@ __device__ __forceinline__ void bwg_red4(float* p, float a, float b, float c, fl
                      : "memory");
 }
 
+// dst[0..63] += the 64 floats at shared address src (16-byte aligned), element-wise atomically, by one
+// asynchronous bulk reduction in this thread's bulk group; then the group is committed.
+__device__ __forceinline__ void bwg_bulk_add256(float* dst, u32 src) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], 256;\n"
+                 "cp.async.bulk.commit_group;\n" ::"l"(dst), "r"(src)
+                 : "memory");
+}
+// Until this thread's bulk operations have read their shared-memory sources / have completed.
+__device__ __forceinline__ void bwg_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bwg_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 __device__ __forceinline__ void bwg_st32(u32 addr, u32 v) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
@@ -80,6 +95,9 @@ struct __align__(16) BwgSmem {
     float dl[2][BWG_TILE];              // Dlt
     float qg[4][3][BWG_TILE];           // per warp: sum over its 16 keys of dS_ij (x_i - x_j), per query
     float gred[4];
+#if BWG_DQ_BULK
+    float dqs[4][8 * BWG_DQS_LD];  // per warp: 8 rows of dQ staged for the bulk reductions
+#endif
 };
 #define BWG_SMEM_BYTES (sizeof(BwgSmem) + 1024)
 
@@ -332,6 +350,28 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
             fa_wg_wait<0>();
             fa_reg_fence<32>(dqa);
         }
+#if BWG_DQ_BULK
+        {
+            // Staged per warp, 8 rows at a time, and added by bulk reductions of whole 256-byte rows (lane r
+            // < 8 issues row r): 16 operations a warp and tile instead of 256 red.global.v4.
+            float* stg = sm.dqs[warp];
+            const u32 stg_a = fa_smem_addr(stg);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                bwg_bulk_wait_read();  // (the issuing lanes) the staging rows have been read
+                __syncwarp();
+#pragma unroll
+                for (int n = 0; n < 8; ++n)
+                    *reinterpret_cast<float2*>(stg + grp * BWG_DQS_LD + 8 * n + 2 * tig) =
+                        make_float2(scale * dqa[4 * n + 2 * hh], scale * dqa[4 * n + 2 * hh + 1]);
+                bwg_fence_proxy_async();
+                __syncwarp();
+                const int qi = i0 + warp * 16 + lane + 8 * hh;
+                if (lane < 8 && qi < L)
+                    bwg_bulk_add256(dq_acc + base + (i64)qi * rs, stg_a + (u32)(lane * BWG_DQS_LD * 4));
+            }
+        }
+#else
         // Added by 16-byte reductions (half the operations of 8-byte ones): thread pairs (tig, tig ^ 1) swap
         // halves, the even one then holds 4 columns of row grp, the odd one 4 of row grp + 8.
         {
@@ -349,7 +389,11 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
                 }
             }
         }
+#endif
     }
+#if BWG_DQ_BULK
+    bwg_bulk_wait_all();  // (every bulk reduction done before the block's memory goes)
+#endif
 
     // dK (times scale) and dV of the warp's 16 keys: rows grp, grp + 8, columns 8 n + 2 tig (+ 1).
 #pragma unroll

@@ -67,6 +67,19 @@ def test_wgmma_backward_compiles_with_body_on_sm90a_only(precision, d, arch, mon
     assert sizes[f"flash_bwd_wg_{other}"] <= 256
 
 
+@pytest.mark.parametrize("knobs", [{"BWG_DQ_MMA": 1}, {"BWG_DQ_BULK": 1}])
+def test_wgmma_backward_dq_knobs_compile(knobs, monkeypatch):
+    """The wgmma kernel's dQ alternatives compile for sm_90a with a body (BWG_DQ_BULK's staging keeps the
+    static shared memory within 48 KB, else ptxas fails)."""
+    pytest.importorskip("cuda.core")
+    from protgpu._cuda.loader import compile_cubin
+
+    monkeypatch.setattr(fb, "BWD_OVERRIDES", {"BW_MMA": 2, **knobs})
+    sizes = text_sizes(bytes(compile_cubin("attention_flash_bwd", "sm_90a", fb.bwd_config("bfloat16", 64),
+                                           cache=False).code))
+    assert sizes["flash_bwd_wg_bf16"] > 4096
+
+
 def test_bw_mma_knob(monkeypatch):
     assert fb.bwd_config("bfloat16", 64)["BW_MMA"] == 1  # the default stays on the mma.sync kernel
     for want, d, prec, got in ((2, 64, "bfloat16", 2), (2, 64, "float16", 2), (2, 32, "bfloat16", 1),

@@ -175,9 +175,10 @@ def test_tile_shape_changes_only_rounding(gpu, dtype, tiles, monkeypatch):
 # The tensor-core backward kernels (bwd_config's BW_MMA): mma.sync (the default) and wgmma (sm_90a, d = 64;
 # elsewhere BW_MMA=2 runs the mma.sync kernel, so the "wg" cases below test that fallback there).
 # "wg-dqmma": the wgmma kernel with dQ on mma.sync (BWG_DQ_MMA=1, the fallback for its one product whose A
-# operand is a transposed shared-memory tile).
+# operand is a transposed shared-memory tile); "wg-bulk": dQ added by bulk reductions (BWG_DQ_BULK=1).
 KERNELS = [pytest.param({"BW_MMA": 1}, id="mma"), pytest.param({"BW_MMA": 2}, id="wg"),
-           pytest.param({"BW_MMA": 2, "BWG_DQ_MMA": 1}, id="wg-dqmma")]
+           pytest.param({"BW_MMA": 2, "BWG_DQ_MMA": 1}, id="wg-dqmma"),
+           pytest.param({"BW_MMA": 2, "BWG_DQ_BULK": 1}, id="wg-bulk")]
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -201,14 +202,14 @@ def test_tensor_core_kernels_shared_coordinates_and_empty_rows(gpu, monkeypatch,
     assert not dq[-1].any() and not dk[-1].any() and not dv[-1].any() and not dx[-1].any()
 
 
-@pytest.mark.parametrize("dq_mma", [0, 1])
+@pytest.mark.parametrize("knobs", [{}, {"BWG_DQ_MMA": 1}, {"BWG_DQ_BULK": 1}], ids=["wg", "dqmma", "bulk"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_wgmma_kernel_agrees_with_mma_kernel(gpu, monkeypatch, dtype, dq_mma):
+def test_wgmma_kernel_agrees_with_mma_kernel(gpu, monkeypatch, dtype, knobs):
     from protgpu.attention.flash import wgmma_device
 
     if not wgmma_device():
         pytest.skip("the wgmma backward needs a compute capability 9.0 device")
-    monkeypatch.setattr(fb, "BWD_OVERRIDES", {"BW_MMA": 2, "BWG_DQ_MMA": dq_mma})
+    monkeypatch.setattr(fb, "BWD_OVERRIDES", {"BW_MMA": 2, **knobs})
     assert fb.bwd_variant(fb.bwd_config(dtype, 64)) == "wg"
     q, k, v, do, x, gamma, m = problem(2, 333, 4, 64, 8, mask=True)
     q, k, v, do = (rounded(a, dtype) for a in (q, k, v, do))
@@ -298,8 +299,10 @@ def check_flash_backward_wg_for_sanitizer() -> None:
     with mask and cutoff: small enough for racecheck (compute-sanitizer section "attention_bwd_wg")."""
     saved = dict(fb.BWD_OVERRIDES)
     try:
-        for dq_mma, dtype in ((0, "bfloat16"), (0, "float16"), (1, "bfloat16")):
-            fb.BWD_OVERRIDES.update(BW_MMA=2, BWG_DQ_MMA=dq_mma)
+        for knobs, dtype in (({}, "bfloat16"), ({}, "float16"), ({"BWG_DQ_MMA": 1}, "bfloat16"),
+                             ({"BWG_DQ_BULK": 1}, "bfloat16")):
+            fb.BWD_OVERRIDES.clear()
+            fb.BWD_OVERRIDES.update(saved, BW_MMA=2, **knobs)
             check(dtype, 2, 100, 2, 64, mask=True, cutoff=9.0, seed=3)
     finally:
         fb.BWD_OVERRIDES.clear()

@@ -105,7 +105,24 @@ def dq_by_mma(dst, ks):
     return acc
 
 
-def emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, dout, dq_mma=False):
+def dq_by_bulk(dq, dqa, b, h, i0, scale):
+    """BWG_DQ_BULK: per warp, 8 rows at a time staged in rows of 72 floats (lane: row grp, columns
+    8 n + 2 tig (+ 1)), then row r < 8 added whole to dQ row i0 + 16 w + r + 8 hh."""
+    L = dq.shape[1]
+    lane = np.arange(32)
+    for w in range(4):
+        for hh in (0, 1):
+            stg = np.full(8 * 72, np.nan)
+            for n in range(8):
+                for e in (0, 1):
+                    stg[(lane >> 2) * 72 + 8 * n + 2 * (lane & 3) + e] = scale * dqa[w, :, 4 * n + 2 * hh + e]
+            for r in range(8):
+                qi = i0 + 16 * w + r + 8 * hh
+                if qi < L:
+                    dq[b, qi, h] += stg[r * 72:r * 72 + 64]
+
+
+def emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, dout, dq_mma=False, dq_bulk=False):
     B, L, H, d = q.shape
     assert d == 64
     dq, dk, dv = (np.zeros_like(q) for _ in range(3))
@@ -185,12 +202,14 @@ def emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, dout, dq_mma=False
                 dslog, klog = logical(dst), logical(ks)
                 dqa = sum(wgmma(dslog[16 * kc:16 * kc + 16].T, klog[16 * kc:16 * kc + 16]) for kc in range(4))
                 dqa = dqa[ROW, COL]
+            if dq_bulk:
+                dq_by_bulk(dq, dqa, b, h, i0, scale)
             # 16-byte reductions: lanes tig, tig ^ 1 swap halves (the even one: row grp, the odd one grp + 8)
             lane = np.arange(32)
             odd = (lane & 1).astype(bool)[None, :]
             qrow = i0 + 16 * np.arange(4)[:, None] + (lane >> 2)[None, :] + 8 * odd
             col0 = 2 * (lane & 2)[None, :]
-            for n in range(8):
+            for n in range(0 if dq_bulk else 8):
                 a0, a1, b0, b1 = (dqa[:, :, 4 * n + e] for e in range(4))
                 r0, r1 = np.where(odd, a0, b0)[:, lane ^ 1], np.where(odd, a1, b1)[:, lane ^ 1]
                 vals = np.stack([np.where(odd, r0, a0), np.where(odd, r1, a1), np.where(odd, b0, r0),
@@ -215,9 +234,10 @@ def emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, dout, dq_mma=False
     return dq, dk, dv, dx, dg
 
 
-@pytest.mark.parametrize("dq_mma", [False, True], ids=["dq-wgmma", "dq-mma"])
+@pytest.mark.parametrize("dq_mma,dq_bulk", [(False, False), (True, False), (False, True)],
+                         ids=["dq-wgmma", "dq-mma", "dq-bulk"])
 @pytest.mark.parametrize("cutoff", [None, 9.0])
-def test_wgmma_backward_layout_reproduces_the_twin(cutoff, dq_mma):
+def test_wgmma_backward_layout_reproduces_the_twin(cutoff, dq_mma, dq_bulk):
     rng = np.random.default_rng(1)
     B, L, H, d = 2, 100, 2, 64  # two key blocks and two query tiles, the second ones partial
     q, k, v, do = (rng.normal(size=(B, L, H, d)) for _ in range(4))
@@ -225,6 +245,6 @@ def test_wgmma_backward_layout_reproduces_the_twin(cutoff, dq_mma):
     gamma, mask, scale = np.array([0.05, 0.2]), rng.random((B, L)) < 0.8, 1 / np.sqrt(d)
     out, lse = attention_lse_numpy(q, k, v, x, gamma, cutoff, mask)
     ref = attention_backward_numpy(q, k, v, x, gamma, cutoff, mask, scale, out, lse, do)
-    got = emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, do, dq_mma)
+    got = emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, do, dq_mma, dq_bulk)
     for name, a, r in zip(("dq", "dk", "dv", "dcoords", "dgamma"), got, ref, strict=True):
         assert np.max(np.abs(a - r)) <= 1e-12 * max(1.0, np.max(np.abs(r))), name
