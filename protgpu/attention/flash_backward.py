@@ -66,7 +66,8 @@ def bwd_config(precision: str, d: int) -> dict:
     ``BW_MMA=0`` forces the CUDA-core kernel, ``BW_MMA=2`` asks for the wgmma kernel ``flash_bwd_wg_*``
     (kept at 2 where it applies, 16-bit with ``d = WG_HEAD_DIM``, else lowered to 1; it runs on a
     compute capability 9.0 device, the mma.sync kernel elsewhere: :func:`bwd_variant`); with it
-    ``BWG_DQ_MMA=1`` computes that kernel's dQ product on mma.sync instead of wgmma."""
+    ``BWG_DQ_MMA=1`` computes that kernel's dQ product on mma.sync instead of wgmma, and ``BWG_DQ_BULK=1``
+    adds its dQ by bulk reductions of staged rows instead of ``red.global``."""
     itemsize = 8 if precision == "float64" else 4
     tile = next((t for t in (32, 16, 8) if bwd_smem_bytes(d, t, t, itemsize) <= _STATIC_SMEM), None)
     if tile is None:
