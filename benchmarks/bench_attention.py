@@ -11,12 +11,14 @@ rounds, and the ratio to SDPA is the median of the per-round ratios (SDPA's time
 more than the kernel's). Each SDPA backend is also timed on its own. TFLOP/s counts 4 B H L^2 d (QK^T
 and PV) and is also given as a fraction of the bf16 GEMM ceiling measured on the H200 (~790 TFLOP/s).
 
-    python3 benchmarks/bench_attention.py [--quick] [--long] [--sweep] [--json PATH]
+    python3 benchmarks/bench_attention.py [--quick] [--long] [--sweep] [--only training] [--json PATH]
 
 ``--long`` adds L = 16,384 (fused, with its device memory, against SDPA with a 4 GiB bias);
 ``--sweep`` times tile configurations of the tensor-core kernel (FA_BLOCK_N, FA_STAGES, FA_WARPS, FA_MT,
 FA_MIN_BLOCKS) and reports the best, to be written into ``protgpu.attention.flash.flash_config``;
-``--quick`` runs small CPU-only sizes (for machines without a GPU).
+``--quick`` runs small CPU-only sizes (for machines without a GPU); ``--only training`` runs the SDPA
+anchors and the training rows alone (under a minute on the H200; results to
+``results/attention_training-<device>.json`` unless ``--json``).
 
 Training rows (issue 20, torch in the same run): pg.attention forward + backward with gradients to q, k,
 v, coordinates and gamma (an ``nn.Parameter``) against SDPA forward + backward without bias (every
@@ -24,7 +26,10 @@ backend; the best is the anchor, target within 2x) and with the bias built from 
 (autograd through cdist, target at least 3x slower than ours); the forward with gamma as an
 ``nn.Parameter`` against SDPA without bias (target within 1.5x), and the host time per call (1 call
 minus x20) of both (target: ours at most SDPA's + 10 us). The ratios are printed and stored under
-``training_ratios``.
+``training_ratios``. Each tensor-core backward kernel (``BW_MMA`` of ``flash_backward.bwd_config``: 1
+mma.sync, 2 wgmma on sm_90a) also gets a fwd+bwd row and a backward-only row (``flash_backward`` on the
+forward's out and lse) whose TFLOP/s counts its five products, 10 B H L^2 d; stored under
+``backward_kernels``.
 """
 
 from __future__ import annotations
@@ -102,10 +107,12 @@ def gpu_rows(B, L, H, d, args, rows, extra):
     fl = flops(B, L, H, d)
     scale = 1.0 / math.sqrt(d)
 
-    def add(impl, t, note=""):
+    def add(impl, t, note="", flop=None):
+        """A row; TFLOP/s of ``flop`` (default: the forward's 4 B H L^2 d)."""
         ms = t["median_s"] * 1e3
-        rows.append({"impl": impl, "L": L, "ms": ms, "tflops": fl / t["median_s"] / 1e12,
-                     "of_ceiling": fl / t["median_s"] / BF16_GEMM_CEILING, "note": note})
+        f = fl if flop is None else flop
+        rows.append({"impl": impl, "L": L, "ms": ms, "tflops": f / t["median_s"] / 1e12,
+                     "of_ceiling": f / t["median_s"] / BF16_GEMM_CEILING, "note": note})
         return ms
 
     def both(impl, fn, note=""):
@@ -125,7 +132,7 @@ def gpu_rows(B, L, H, d, args, rows, extra):
         res["sdpa"] = both("torch SDPA bf16, no bias", lambda: F.scaled_dot_product_attention(qh, kh, vh),
                            f"issue measured {SDPA_NO_BIAS_MS} ms")
         bias_bytes = B * H * L * L * 2
-        if bias_bytes < 0.25 * torch.cuda.get_device_properties(0).total_memory:
+        if not args.only and bias_bytes < 0.25 * torch.cuda.get_device_properties(0).total_memory:
             d2 = torch.cdist(xt, xt) ** 2
             g = torch.as_tensor(gamma, device="cuda", dtype=torch.float32)
             hold = {"bias": (-g[None, :, None, None] * d2[:, None]).to(torch.bfloat16)}
@@ -150,6 +157,9 @@ def gpu_rows(B, L, H, d, args, rows, extra):
             res["out"] = attention(qt, kt, vt, xt, gamma=gamma, method="fused")
 
         res["call"] = both("protgpu fused bf16 (call, torch in/out)", call)
+        if args.only == "training":
+            train_rows(qt, kt, vt, xt, gamma, add, both, res, extra)
+            return
         if "sdpa_bias" in res:
             diff = float((res["out"].float() - sdpa_bias_out.float()).abs().max())
             rows[-1]["note"] = rows[-2]["note"] = f"max |ours - SDPA+bias| = {diff:.3g}"
@@ -273,6 +283,7 @@ def train_rows(qt, kt, vt, xt, gamma, add, both, res, extra):
         torch.autograd.grad(out, (qg, kg, vg, xg, gp), dout)
 
     res["fb"] = both("protgpu bf16 fwd+bwd (grads to q, k, v, coords, gamma)", ours_fb, path)
+    kernels = backward_kernel_rows(qg, kg, vg, xg, gp, dout, ours_fb, add, path)
     qh, kh, vh = (a.transpose(1, 2) for a in (qg, kg, vg))
     douth = dout.transpose(1, 2)
 
@@ -327,11 +338,53 @@ def train_rows(qt, kt, vt, xt, gamma, add, both, res, extra):
     if "sdpa_bias_fb" in res:
         ratios["sdpa_bias_coords_fwdbwd_over_ours_x20 (>= 3)"] = res["sdpa_bias_fb"][1] / res["fb"][1]
         ratios["sdpa_bias_coords_fwdbwd_over_ours_1call"] = res["sdpa_bias_fb"][0] / res["fb"][0]
+    for name, k_ in kernels.items():
+        ratios[f"fwdbwd_over_sdpa_fwdbwd_best_x20, {name}"] = k_["fwdbwd_ms"] / best
     extra["training_ratios"] = ratios
+    extra["backward_kernels"] = kernels
     extra["training_path"] = path
     print("\ntraining ratios:")
     for k_, v_ in ratios.items():
         print(f"  {k_}: {v_:.2f}")
+
+
+def backward_kernel_rows(qg, kg, vg, xg, gp, dout, ours_fb, add, path) -> dict:
+    """For each tensor-core backward kernel (BW_MMA = 1 mma.sync, 2 wgmma, and 2 with BWG_DQ_MMA = 1: dQ
+    on mma.sync, or BWG_DQ_BULK = 1: dQ added by bulk reductions): fwd+bwd as ``ours_fb`` (x20) and the
+    backward alone on the forward's out and lse (x20, TFLOP/s of its five products). Returns
+    ``{"<knobs> (<variant>)": {"fwdbwd_ms", "backward_ms", "backward_tflops"}}``; restores the knobs."""
+    from protgpu.attention import flash_backward as fbk
+
+    B, L, H, d = qg.shape
+    g = gp.detach()
+    out, lse = fbk.flash_forward_lse(qg.detach(), kg.detach(), vg.detach(), xg.detach(), g, None, None, None)
+    bwd_flop = 10.0 * B * H * L * L * d
+    saved = dict(fbk.BWD_OVERRIDES)
+    found = {}
+    try:
+        for knobs in ({"BW_MMA": 1}, {"BW_MMA": 2}, {"BW_MMA": 2, "BWG_DQ_MMA": 1},
+                      {"BW_MMA": 2, "BWG_DQ_BULK": 1}):
+            fbk.BWD_OVERRIDES.clear()
+            fbk.BWD_OVERRIDES.update(saved, **knobs)
+            variant = fbk.bwd_variant(fbk.bwd_config("bfloat16", d))
+            name = f"{', '.join(f'{k}={v}' for k, v in knobs.items())} ({variant})"
+            fwdbwd = add(f"protgpu bf16 fwd+bwd, {name} [x20]", time_gpu_batched(ours_fb), path)
+
+            def bwd():
+                fbk.flash_backward(qg.detach(), kg.detach(), vg.detach(), xg.detach(), g, None, None, None, out, lse,
+                                   dout)
+
+            t = time_gpu_batched(bwd)
+            ms = add(f"protgpu bf16 backward only, {name} [x20]", t, "dq, dk, dv, dcoords, dgamma; TFLOP/s: "
+                     "10 B H L^2 d", flop=bwd_flop)
+            found[name] = {"fwdbwd_ms": fwdbwd, "backward_ms": ms, "backward_tflops": bwd_flop / t["median_s"] / 1e12}
+    finally:
+        fbk.BWD_OVERRIDES.clear()
+        fbk.BWD_OVERRIDES.update(saved)
+    for name, r in found.items():
+        print(f"  {name}: fwd+bwd {r['fwdbwd_ms']:.3f} ms, backward {r['backward_ms']:.3f} ms "
+              f"({r['backward_tflops']:.0f} TFLOP/s)")
+    return found
 
 
 def sweep_configs(d: int) -> list[dict]:
@@ -498,6 +551,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small CPU-only sizes (machines without a GPU)")
     ap.add_argument("--long", action="store_true", help="also L = 16,384")
     ap.add_argument("--sweep", action="store_true", help="time tile configurations of the tensor-core kernel")
+    ap.add_argument("--only", choices=["training"],
+                    help="training: the SDPA anchors and the training rows alone (quick, < 1 min)")
     ap.add_argument("--json", help="results file (default: benchmarks/results/attention-<device>.json)")
     args = ap.parse_args()
 
@@ -512,10 +567,11 @@ def main() -> None:
             long_rows(rows, extra)
     else:
         print("no usable GPU (or --quick): GPU rows skipped")
-    cpu_rows(args, rows)
+    if not args.only:
+        cpu_rows(args, rows)
     print()
     print_table(rows, ["impl", "L", "ms", "tflops", "of_ceiling", "note"])
-    path = write_results("attention", rows, extra, args.json)
+    path = write_results("attention_training" if args.only else "attention", rows, extra, args.json)
     print(f"\nwritten to {path}")
 
 

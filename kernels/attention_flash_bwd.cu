@@ -386,10 +386,17 @@ __device__ __forceinline__ void bw_backward(const typename Bw<KIND>::S* q, const
 #define BWM_THREADS 128
 #if HEAD_DIM % 16 == 0 && HEAD_DIM <= 64 && BW_KIND <= BW_F16
 #define BWM_ENABLED 1
-#include "mma_ptx.cuh"
+#include "wgmma.cuh"  // (and mma_ptx.cuh)
 #include "attention_flash_bwd_mma.cuh"
 #else
 #define BWM_ENABLED 0
+#endif
+// ---- the backward on warpgroup MMA: attention_flash_bwd_wg.cuh (sm_90a, 16-bit, HEAD_DIM = 64)
+#if BWM_ENABLED && HEAD_DIM == 64 && FA_HAS_WGMMA
+#define BWG_ENABLED 1
+#include "attention_flash_bwd_wg.cuh"
+#else
+#define BWG_ENABLED 0
 #endif
 
 // dq (16-bit) from its float32 accumulator, n elements.
@@ -510,6 +517,29 @@ extern "C" __global__ __launch_bounds__(BWM_THREADS, 2) void flash_bwd_mma_f16(
 #if BWM_ENABLED && BW_KIND == BW_F16
     bwm_backward<false>(q, k, v, coords, gamma, mask, dout, lse, delta, dq_acc, dk, dv, dcoords, dgamma, L, H, xstride,
                         mstride, scale, cutoff2);
+#endif
+}
+
+// The wgmma entry points: bodies for sm_90a only (the host launches them on compute capability 9.0).
+extern "C" __global__ __launch_bounds__(BWM_THREADS, 2) void flash_bwd_wg_bf16(
+    const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* coords, const float* gamma,
+    const unsigned char* mask, const __nv_bfloat16* dout, const float* lse, const float* delta, float* dq_acc,
+    __nv_bfloat16* dk, __nv_bfloat16* dv, float* dcoords, float* dgamma, int L, int H, int xstride, int mstride,
+    float scale, float cutoff2) {
+#if BWG_ENABLED && BW_KIND == BW_BF16
+    __shared__ __align__(128) unsigned char raw[BWG_SMEM_BYTES];
+    bwg_backward<true>(raw, q, k, v, coords, gamma, mask, dout, lse, delta, dq_acc, dk, dv, dcoords, dgamma, L, H,
+                       xstride, mstride, scale, cutoff2);
+#endif
+}
+extern "C" __global__ __launch_bounds__(BWM_THREADS, 2) void flash_bwd_wg_f16(
+    const __half* q, const __half* k, const __half* v, const float* coords, const float* gamma,
+    const unsigned char* mask, const __half* dout, const float* lse, const float* delta, float* dq_acc, __half* dk,
+    __half* dv, float* dcoords, float* dgamma, int L, int H, int xstride, int mstride, float scale, float cutoff2) {
+#if BWG_ENABLED && BW_KIND == BW_F16
+    __shared__ __align__(128) unsigned char raw[BWG_SMEM_BYTES];
+    bwg_backward<false>(raw, q, k, v, coords, gamma, mask, dout, lse, delta, dq_acc, dk, dv, dcoords, dgamma, L, H,
+                        xstride, mstride, scale, cutoff2);
 #endif
 }
 

@@ -66,6 +66,8 @@ SECTIONS = {
     "superpose": _from_test_module("superpose.test_superpose_gpu", "check_superpose_for_sanitizer"),
     "consensus": _from_test_module("test_consensus_gpu", "check_consensus_for_sanitizer", "scoring"),
     "attention_bwd": _from_test_module("test_flash_backward_gpu", "check_flash_backward_for_sanitizer", "attention"),
+    "attention_bwd_wg": _from_test_module("test_flash_backward_gpu", "check_flash_backward_wg_for_sanitizer",
+                                          "attention"),
     "tmalign": _from_test_module("test_tmalign_gpu", "check_tmalign_for_sanitizer", "align"),
     "qcp_backward": _from_test_module("test_qcp_backward_gpu", "check_qcp_backward_for_sanitizer", "superpose"),
 }

@@ -6,16 +6,18 @@ launch on the caller's current stream, no host synchronisation.
   tensor-core kernel ``attention_flash.cu`` (its ``*_lse_*`` entry points, ``FA_WRITE_LSE=1``); other
   inputs ``flash_bwd_fwd_*`` of ``attention_flash_bwd.cu`` on CUDA cores.
 * :func:`flash_backward` -> ``(dq, dk, dv, dcoords, dgamma)``: ``flash_bwd_delta_*`` (Dlt = rowsum(dO out)),
-  then ``flash_bwd_*`` (parallel over key tiles; dQ, dcoords and dgamma by atomics), then, for 16-bit
-  inputs, ``flash_bwd_dq_*`` (dQ from its float32 accumulator).
+  then the backward proper, parallel over key tiles (dQ, dcoords and dgamma by atomics): ``flash_bwd_*``
+  (CUDA cores), ``flash_bwd_mma_*`` (mma.sync) or ``flash_bwd_wg_*`` (wgmma, sm_90a), as
+  :func:`bwd_config`'s ``BW_MMA`` says; then, for 16-bit inputs, ``flash_bwd_dq_*`` (dQ from its float32
+  accumulator).
 * :func:`supports`: whether a call is one these kernels take.
 
 The formulas are those of :func:`protgpu.attention.reference.attention_backward_numpy`, the
 specification; ``docs/design/flash-attention.md`` explains the kernels. Arithmetic (and ``lse``,
 ``dcoords``, ``dgamma``) is float32, float64 for float64 inputs.
 
-Internal API (tests, benchmarks): the functions above, :func:`bwd_config` and ``BWD_OVERRIDES`` (tile
-knobs of the backward that override :func:`bwd_config`).
+Internal API (tests, benchmarks): the functions above, :func:`bwd_config`, :func:`bwd_variant` and
+``BWD_OVERRIDES`` (knobs of the backward that override :func:`bwd_config`).
 """
 
 from __future__ import annotations
@@ -28,13 +30,15 @@ import numpy as np
 from .._array import is_cupy_array, is_torch_tensor
 from ..errors import InputError
 from .cuda import _MAX_GRID_YZ, _device_gamma
-from .flash import _STATIC_SMEM, flash_block_m, flash_config, flash_entry, fused_kernel
+from .flash import _STATIC_SMEM, flash_block_m, flash_config, flash_entry, fused_kernel, wgmma_device
 
 MAX_HEAD_DIM = 128
 # flash_bwd_mma_* keeps the K, V fragments of 16 keys and the dK, dV accumulators in registers: beyond
 # d = 64 they would spill.
 MMA_MAX_HEAD_DIM = 64
-_MMA_TILE = 64  # BWM_BN: keys per block of flash_bwd_mma_*
+_MMA_TILE = 64  # BWM_BN: keys per block of flash_bwd_mma_* (and BWG_TILE of flash_bwd_wg_*)
+# flash_bwd_wg_* reads 128-byte rows of Q, dO, K in the 128-byte swizzle: d = 64 only.
+WG_HEAD_DIM = 64
 # Tile knobs of attention_flash_bwd.cu (BW_BM, BW_BN) that override bwd_config.
 BWD_OVERRIDES: dict = {}
 _SUFFIX = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64"}
@@ -57,9 +61,13 @@ def bwd_smem_bytes(d: int, bm: int, bn: int, itemsize: int) -> int:
 def bwd_config(precision: str, d: int) -> dict:
     """Compile-time knobs of ``attention_flash_bwd.cu``: ``HEAD_DIM``, ``BW_KIND``; ``BW_MMA`` 1 when the
     tensor-core backward ``flash_bwd_mma_*`` runs the call (16-bit, ``d`` a multiple of 16 up to
-    ``MMA_MAX_HEAD_DIM``), else the CUDA-core ``flash_bwd_*`` with square tiles ``BW_BM = BW_BN``, the
-    largest of 32, 16, 8 whose shared memory fits 48 KB. ``BWD_OVERRIDES`` replaces any knob
-    (``BW_MMA=0`` forces the CUDA-core kernel)."""
+    ``MMA_MAX_HEAD_DIM``), else 0: the CUDA-core ``flash_bwd_*`` with square tiles ``BW_BM = BW_BN``, the
+    largest of 32, 16, 8 whose shared memory fits 48 KB. ``BWD_OVERRIDES`` replaces any knob:
+    ``BW_MMA=0`` forces the CUDA-core kernel, ``BW_MMA=2`` asks for the wgmma kernel ``flash_bwd_wg_*``
+    (kept at 2 where it applies, 16-bit with ``d = WG_HEAD_DIM``, else lowered to 1; it runs on a
+    compute capability 9.0 device, the mma.sync kernel elsewhere: :func:`bwd_variant`); with it
+    ``BWG_DQ_MMA=1`` computes that kernel's dQ product on mma.sync instead of wgmma, and ``BWG_DQ_BULK=1``
+    adds its dQ by bulk reductions of staged rows instead of ``red.global``."""
     itemsize = 8 if precision == "float64" else 4
     tile = next((t for t in (32, 16, 8) if bwd_smem_bytes(d, t, t, itemsize) <= _STATIC_SMEM), None)
     if tile is None:
@@ -67,9 +75,20 @@ def bwd_config(precision: str, d: int) -> dict:
     mma = precision in ("bfloat16", "float16") and d % 16 == 0 and d <= MMA_MAX_HEAD_DIM
     cfg = {"BW_BM": tile, "BW_BN": tile, "BW_MMA": int(mma)}
     cfg.update(BWD_OVERRIDES)
-    cfg["BW_MMA"] = int(mma and bool(int(cfg["BW_MMA"])))
+    want = int(cfg["BW_MMA"])
+    cfg["BW_MMA"] = 0 if not (mma and want) else (2 if want >= 2 and d == WG_HEAD_DIM else 1)
     cfg.update({"HEAD_DIM": d, "BW_KIND": _KIND[precision]})
     return cfg
+
+
+def bwd_variant(cfg: dict) -> str:
+    """Which backward kernel runs under ``cfg`` (:func:`bwd_config`) on the current device: ``"simt"``
+    (``flash_bwd_*``), ``"mma"`` (``flash_bwd_mma_*``) or ``"wg"`` (``flash_bwd_wg_*``: ``BW_MMA = 2`` on
+    a compute capability 9.0 device)."""
+    level = int(cfg["BW_MMA"])
+    if level >= 2 and wgmma_device():
+        return "wg"
+    return "mma" if level else "simt"
 
 
 _TORCH_PRECISION: dict = {}  # torch dtype -> precision name (made once: the op's every call asks)
@@ -387,9 +406,10 @@ def flash_backward(q, k, v, coords, gamma, cutoff, mask, scale, out, lse, dout) 
     def build():
         st = np.float64 if prec == "float64" else np.float32
         hd = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_delta_{sfx}", cfg)
-        mma = bool(cfg["BW_MMA"])
-        hb = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_{'mma_' if mma else ''}{sfx}", cfg)
-        bn = _MMA_TILE if mma else int(cfg["BW_BN"])
+        variant = bwd_variant(cfg)
+        prefix = {"simt": "", "mma": "mma_", "wg": "wg_"}[variant]
+        hb = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_{prefix}{sfx}", cfg, arch_specific=variant == "wg")
+        bn = int(cfg["BW_BN"]) if variant == "simt" else _MMA_TILE
         plans = [
             _cuda.build_plan(hd, (_elementwise_grid(rows),), (_ELEMENTWISE_THREADS,),
                              (np.int32(L), np.int32(H), np.int64(rows))),

@@ -46,6 +46,49 @@ def test_backward_entries_compile_with_bodies(precision):
         assert all(sizes[e] <= 256 for e in sizes if e not in bodied), (arch, sizes)
 
 
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+@pytest.mark.parametrize("d", [16, 32, 64])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
+def test_wgmma_backward_compiles_with_body_on_sm90a_only(precision, d, arch, monkeypatch):
+    """BW_MMA=2: flash_bwd_wg_* has a body exactly for sm_90a at d = 64; the mma.sync kernel beside it
+    in every module (the fallback off compute capability 9.0 and for d != 64)."""
+    pytest.importorskip("cuda.core")
+    from protgpu._cuda.loader import compile_cubin
+
+    monkeypatch.setattr(fb, "BWD_OVERRIDES", {"BW_MMA": 2})
+    cfg = fb.bwd_config(precision, d)
+    assert cfg["BW_MMA"] == (2 if d == fb.WG_HEAD_DIM else 1)
+    sfx = fb._SUFFIX[precision]
+    sizes = text_sizes(bytes(compile_cubin("attention_flash_bwd", arch, cfg, cache=False).code))
+    assert sizes[f"flash_bwd_mma_{sfx}"] > 512
+    wg = sizes[f"flash_bwd_wg_{sfx}"]
+    assert wg > 4096 if (arch == "sm_90a" and d == 64) else wg <= 256, (arch, d, wg)
+    other = "f16" if sfx == "bf16" else "bf16"
+    assert sizes[f"flash_bwd_wg_{other}"] <= 256
+
+
+@pytest.mark.parametrize("knobs", [{"BWG_DQ_MMA": 1}, {"BWG_DQ_BULK": 1}])
+def test_wgmma_backward_dq_knobs_compile(knobs, monkeypatch):
+    """The wgmma kernel's dQ alternatives compile for sm_90a with a body (BWG_DQ_BULK's staging keeps the
+    static shared memory within 48 KB, else ptxas fails)."""
+    pytest.importorskip("cuda.core")
+    from protgpu._cuda.loader import compile_cubin
+
+    monkeypatch.setattr(fb, "BWD_OVERRIDES", {"BW_MMA": 2, **knobs})
+    sizes = text_sizes(bytes(compile_cubin("attention_flash_bwd", "sm_90a", fb.bwd_config("bfloat16", 64),
+                                           cache=False).code))
+    assert sizes["flash_bwd_wg_bf16"] > 4096
+
+
+def test_bw_mma_knob(monkeypatch):
+    assert fb.bwd_config("bfloat16", 64)["BW_MMA"] == 1  # the default stays on the mma.sync kernel
+    for want, d, prec, got in ((2, 64, "bfloat16", 2), (2, 64, "float16", 2), (2, 32, "bfloat16", 1),
+                               (2, 48, "float16", 1), (2, 64, "float32", 0), (0, 64, "bfloat16", 0),
+                               (1, 128, "bfloat16", 0)):
+        monkeypatch.setattr(fb, "BWD_OVERRIDES", {"BW_MMA": want})
+        assert fb.bwd_config(prec, d)["BW_MMA"] == got, (want, d, prec)
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_forward_lse_entries_compile_with_bodies(arch):
     pytest.importorskip("cuda.core")

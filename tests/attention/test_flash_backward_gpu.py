@@ -172,6 +172,61 @@ def test_tile_shape_changes_only_rounding(gpu, dtype, tiles, monkeypatch):
         assert err(a, b) <= tol * max(1.0, scale_of(b))
 
 
+# The tensor-core backward kernels (bwd_config's BW_MMA): mma.sync (the default) and wgmma (sm_90a, d = 64;
+# elsewhere BW_MMA=2 runs the mma.sync kernel, so the "wg" cases below test that fallback there).
+# "wg-dqmma": the wgmma kernel with dQ on mma.sync (BWG_DQ_MMA=1, the fallback for its one product whose A
+# operand is a transposed shared-memory tile); "wg-bulk": dQ added by bulk reductions (BWG_DQ_BULK=1).
+KERNELS = [pytest.param({"BW_MMA": 1}, id="mma"), pytest.param({"BW_MMA": 2}, id="wg"),
+           pytest.param({"BW_MMA": 2, "BWG_DQ_MMA": 1}, id="wg-dqmma"),
+           pytest.param({"BW_MMA": 2, "BWG_DQ_BULK": 1}, id="wg-bulk")]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("d", [16, 32, 64])
+@pytest.mark.parametrize("L", [77, 1000])
+@pytest.mark.parametrize("mask,cutoff", VARIANTS)
+def test_tensor_core_kernels_match_numpy(gpu, monkeypatch, kernel, dtype, d, L, mask, cutoff):
+    if len(kernel) > 1 and d != fb.WG_HEAD_DIM:
+        pytest.skip("the wgmma kernel's dQ knobs: d = 64 only (elsewhere the mma case again)")
+    monkeypatch.setattr(fb, "BWD_OVERRIDES", kernel)
+    check(dtype, 2, L, 3, d, mask=mask, cutoff=cutoff, seed=L + d)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_tensor_core_kernels_shared_coordinates_and_empty_rows(gpu, monkeypatch, kernel, dtype):
+    monkeypatch.setattr(fb, "BWD_OVERRIDES", kernel)
+    got, ref = check(dtype, 3, 70, 2, 64, mask=True, shared=True, cutoff=9.0, seed=4)
+    assert got[3].shape == (70, 3)
+    got, ref = check(dtype, 3, 130, 2, 64, masked_row=True, seed=5)
+    dq, dk, dv, dx, _ = got
+    assert not dq[-1].any() and not dk[-1].any() and not dv[-1].any() and not dx[-1].any()
+
+
+@pytest.mark.parametrize("knobs", [{}, {"BWG_DQ_MMA": 1}, {"BWG_DQ_BULK": 1}], ids=["wg", "dqmma", "bulk"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_wgmma_kernel_agrees_with_mma_kernel(gpu, monkeypatch, dtype, knobs):
+    from protgpu.attention.flash import wgmma_device
+
+    if not wgmma_device():
+        pytest.skip("the wgmma backward needs a compute capability 9.0 device")
+    monkeypatch.setattr(fb, "BWD_OVERRIDES", {"BW_MMA": 2, **knobs})
+    assert fb.bwd_variant(fb.bwd_config(dtype, 64)) == "wg"
+    q, k, v, do, x, gamma, m = problem(2, 333, 4, 64, 8, mask=True)
+    q, k, v, do = (rounded(a, dtype) for a in (q, k, v, do))
+    out64, lse64 = attention_lse_numpy(q, k, v, x, gamma, None, m)
+    args = (dtype, q, k, v, x, gamma, None, m, do, rounded(out64, dtype), lse64)
+    _, wg = run_gpu(*args)
+    monkeypatch.setattr(fb, "BWD_OVERRIDES", {"BW_MMA": 1})
+    _, mma = run_gpu(*args)
+    # The same roundings (P, dS to 16-bit in the products) in another summation order: dq, dk, dv may
+    # differ by a 16-bit rounding step, dcoords and dgamma by float32 summation order.
+    for name, a, b in zip(("dq", "dk", "dv", "dcoords", "dgamma"), wg, mma, strict=True):
+        tol = 2.0**-6 if name in ("dq", "dk", "dv") else 1e-4
+        assert err(a, b) <= tol * max(1.0, scale_of(b)), (name, err(a, b))
+
+
 def test_device_gamma_same_result_and_no_host_sync(gpu):
     q, k, v, do, x, gamma, m = problem(2, 130, 4, 64, 5, mask=True)
     qd, kd, vd, dod = (to_dev(a, "bfloat16") for a in (q, k, v, do))
@@ -236,4 +291,22 @@ def check_flash_backward_for_sanitizer() -> None:
             check(dtype, 2, L, 3, d, mask=mask, cutoff=cutoff, seed=L)
         check(dtype, 3, 29, 2, 16, shared=True, masked_row=False, mask=True, seed=1)
         check(dtype, 3, 21, 2, 32, masked_row=True, seed=2)
+    check_flash_backward_wg_for_sanitizer()
     print("attention_bwd: ok")
+
+
+def check_flash_backward_wg_for_sanitizer() -> None:
+    """The wgmma backward flash_bwd_wg_* (BW_MMA=2; on a device other than compute capability 9.0 the
+    mma.sync kernel again) at B = 2, L = 100 (two query tiles, one partial; two key blocks), H = 2, d = 64,
+    with mask and cutoff: small enough for racecheck (compute-sanitizer section "attention_bwd_wg")."""
+    saved = dict(fb.BWD_OVERRIDES)
+    try:
+        for knobs, dtype in (({}, "bfloat16"), ({}, "float16"), ({"BWG_DQ_MMA": 1}, "bfloat16"),
+                             ({"BWG_DQ_BULK": 1}, "bfloat16")):
+            fb.BWD_OVERRIDES.clear()
+            fb.BWD_OVERRIDES.update(saved, BW_MMA=2, **knobs)
+            check(dtype, 2, 100, 2, 64, mask=True, cutoff=9.0, seed=3)
+    finally:
+        fb.BWD_OVERRIDES.clear()
+        fb.BWD_OVERRIDES.update(saved)
+    print("attention_bwd_wg: ok")
