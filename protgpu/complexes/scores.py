@@ -82,22 +82,58 @@ class _QSChains:
 
     def __init__(self, s, info, chains: dict, reps: dict | None = None):
         xyz = np.asarray(s.coords[0], dtype=np.float64)
-        self.res, self.pos, self._dist = {}, {}, {}
+        self.res, self.pos, self._contacts = {}, {}, {}
         reps = _qs_reps(info, chains) if reps is None else reps
         for c, (res, rep) in reps.items():
             self.res[c] = res
             self.pos[c] = xyz[rep]
         names = list(chains)
         self.interfaces = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
-                           if (self.dist(a, b) < QS_CONTACT).any()]
+                           if len(self.contacts(a, b)[0])]
 
-    def dist(self, a, b) -> np.ndarray:
-        """Representative-atom distances between chains a and b (computed once: the reference's serve
-        every model, a model's both the interface search and the scores)."""
-        if (a, b) not in self._dist:
+    def contacts(self, a, b) -> tuple[np.ndarray, np.ndarray]:
+        """The representative-atom pairs of chains a and b closer than :data:`QS_CONTACT`: their cells
+        ``row * len(b) + column`` of the (a, b) distance matrix in row-major order, int64 (K,), and
+        their distances (K,), Angstrom (those of the full matrix, bit for bit: :func:`_pairs_below`).
+        Computed once: the reference's serve every model, a model's both the interface search and the
+        scores."""
+        if (a, b) not in self._contacts:
             pa, pb = self.pos[a], self.pos[b]
-            self._dist[a, b] = np.sqrt(((pa[:, None, :] - pb[None, :, :]) ** 2).sum(-1))
-        return self._dist[a, b]
+            i, j, d = _pairs_below(pa, pb, QS_CONTACT)
+            self._contacts[a, b] = (i * len(pb) + j, d)
+        return self._contacts[a, b]
+
+
+#: k-d trees of one model's atoms, built for one search: unbalanced and not compacted (about half the
+#: build time of scipy's defaults for a few thousand atoms; the searches find the same pairs)
+_QUICK_TREE = {"balanced_tree": False, "compact_nodes": False}
+
+
+def _grown(cutoff: float) -> float:
+    """A k-d tree's search radius for pairs closer than ``cutoff`` by NumPy's arithmetic: grown past any
+    rounding of the tree's own distances (the candidates are tested again, exactly)."""
+    return cutoff * (1 + 1e-6) + 1e-6
+
+
+def _pairs_below(x1: np.ndarray, x2: np.ndarray, cutoff: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pairs (i, j) of points ``x1`` (N1, 3) and ``x2`` (N2, 3), float64 Angstrom, closer than
+    ``cutoff`` (strict ``<``): (i, j, distance), each (K,), sorted by ``i * N2 + j`` (the row-major
+    order of the full distance matrix). The distance is the full matrix's NumPy arithmetic
+    (``sqrt(((x1[i] - x2[j]) ** 2).sum())``, the same bits), so ties at the cutoff fall as they would
+    there; a k-d tree only proposes the candidates, within a radius grown past any rounding of its own."""
+    from scipy.spatial import cKDTree
+
+    if not len(x1) or not len(x2):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    # (the candidates' order does not matter: they are sorted below)
+    m = cKDTree(x1, **_QUICK_TREE).sparse_distance_matrix(cKDTree(x2, **_QUICK_TREE), _grown(cutoff),
+                                                          output_type="ndarray")
+    i, j = m["i"].astype(np.int64), m["j"].astype(np.int64)
+    order = np.argsort(i * len(x2) + j, kind="stable")
+    i, j = i[order], j[order]
+    d = np.sqrt(((x1[i] - x2[j]) ** 2).sum(-1))
+    keep = d < cutoff
+    return i[keep], j[keep], d[keep]
 
 
 def _qs_reps(info, chains: dict) -> dict:
@@ -132,9 +168,13 @@ def _qs_pairs(ref: _QSChains, mdl: _QSChains, r_int, m_int, mapping: ChainMappin
 def _qs_interface(ref: _QSChains, mdl: _QSChains, r_int, m_int, mapping: ChainMapping, memo: dict | None = None):
     """(weighted_scores, weight_sum, weight_extra_mapped, weight_extra_all) of one mapped interface.
     ``memo``: a dict kept per model atom table and mapping (the residue pairs are the same for all its
-    models)."""
-    d1 = ref.dist(*r_int)
-    d2 = mdl.dist(*m_int)
+    models).
+
+    On the contacts only (:meth:`_QSChains.contacts`), not the full distance matrices: each contact's
+    cell in the grid of mapped residue pairs (rows: chain 1's mapped residues, columns: chain 2's, in the
+    mapping's order); a contact is shared when both structures have one in that grid cell. Every sum
+    runs over the same values in the same order as on the full matrices (shared contacts in grid order,
+    the others in their matrix's row-major order): the same result, bit for bit."""
     if memo is None:
         idx = _qs_pairs(ref, mdl, r_int, m_int, mapping)
     else:
@@ -143,25 +183,28 @@ def _qs_interface(ref: _QSChains, mdl: _QSChains, r_int, m_int, mapping: ChainMa
             memo[key] = _qs_pairs(ref, mdl, r_int, m_int, mapping)
         idx = memo[key]
     (a1, a2), (b1, b2) = idx[0].T, idx[1].T
-    c1, c2 = d1 < QS_CONTACT, d2 < QS_CONTACT
-    shared1 = np.zeros(d1.shape, bool)
-    shared2 = np.zeros(d2.shape, bool)
-    mapped1 = np.zeros(d1.shape, bool)
-    mapped2 = np.zeros(d2.shape, bool)
-    s1 = s2 = np.zeros(0)
-    if len(a1) and len(b1):
-        g1, g2 = np.ix_(a1, b1), np.ix_(a2, b2)
-        shared = c1[g1] & c2[g2]
-        shared1[g1], shared2[g2] = shared, shared
-        mapped1[g1] = c1[g1] & ~shared
-        mapped2[g2] = c2[g2] & ~shared
-        # the distances of each shared contact in both structures, pair by pair (mapped grid order)
-        s1, s2 = d1[g1][shared], d2[g2][shared]
+    ncol = len(b1)
+
+    def grid(s: _QSChains, chains, rows, cols):
+        # (grid cell of each contact, -1 off the grid; distances)
+        code, d = s.contacts(*chains)
+        n_b = len(s.pos[chains[1]])
+        p, q = _positions(rows, code // n_b), _positions(cols, code % n_b)
+        return np.where((p >= 0) & (q >= 0), p * ncol + q, -1), d
+
+    g1, d1 = grid(ref, r_int, a1, b1)
+    g2, d2 = grid(mdl, m_int, a2, b2)
+    on1, on2 = g1[g1 >= 0], g2[g2 >= 0]
+    shared1 = (g1 >= 0) & np.isin(g1, on2)
+    shared2 = (g2 >= 0) & np.isin(g2, on1)
+    # the shared contacts in grid order in both structures (the grid cells are distinct)
+    s1 = d1[shared1][np.argsort(g1[shared1])]
+    s2 = d2[shared2][np.argsort(g2[shared2])]
     w = _w(np.minimum(s1, s2))
     weighted = float((w * (1.0 - np.abs(s1 - s2) / 12.0)).sum())
     wsum = float(w.sum())
-    extra_mapped = float(_w(d1[mapped1]).sum() + _w(d2[mapped2]).sum())
-    extra_all = float(_w(d1[c1 & ~shared1]).sum() + _w(d2[c2 & ~shared2]).sum())
+    extra_mapped = float(_w(d1[(g1 >= 0) & ~shared1]).sum() + _w(d2[(g2 >= 0) & ~shared2]).sum())
+    extra_all = float(_w(d1[~shared1]).sum() + _w(d2[~shared2]).sum())
     return weighted, wsum, extra_mapped, extra_all
 
 
@@ -178,16 +221,14 @@ def qs_score(ref: _QSChains, mdl: _QSChains, mapping: ChainMapping, memo: dict |
             tot += _qs_interface(ref, mdl, r_int, m_int, mapping, memo)
             done.add(frozenset(m_int))
         else:
-            d = ref.dist(*r_int)
-            tot[3] += _w(d[d < QS_CONTACT]).sum()
+            tot[3] += _w(ref.contacts(*r_int)[1]).sum()
     for m_int in mdl.interfaces:
         if frozenset(m_int) in done:
             continue
         if m_int[0] in back and m_int[1] in back:
             tot += _qs_interface(ref, mdl, (back[m_int[0]], back[m_int[1]]), m_int, mapping, memo)
         else:
-            d = mdl.dist(*m_int)
-            tot[3] += _w(d[d < QS_CONTACT]).sum()
+            tot[3] += _w(mdl.contacts(*m_int)[1]).sum()
     weighted, wsum, extra_mapped, extra_all = tot
     glob = weighted / (wsum + extra_all) if wsum + extra_all > 0 else float("nan")
     best = weighted / (wsum + extra_mapped) if wsum + extra_mapped > 0 else float("nan")
@@ -215,7 +256,10 @@ def _contact_pairs(xyz, atoms1, atoms2, res_of, cutoff) -> np.ndarray:
             atoms2 = atoms2[((x2 >= x1.min(0) - pad) & (x2 <= x1.max(0) + pad)).all(1)]
     if not len(atoms1) or not len(atoms2):
         return np.zeros((0, 2), np.int64)
-    m = cKDTree(xyz[atoms1]).sparse_distance_matrix(cKDTree(xyz[atoms2]), cutoff, output_type="ndarray")
+    # (trees built without balancing or compaction: twice as fast to build, the same pairs, since each
+    # candidate's distance is tested on its own)
+    m = cKDTree(xyz[atoms1], **_QUICK_TREE).sparse_distance_matrix(cKDTree(xyz[atoms2], **_QUICK_TREE), cutoff,
+                                                                   output_type="ndarray")
     r1 = np.asarray(res_of[atoms1[m["i"]]], np.int64)
     r2 = np.asarray(res_of[atoms2[m["j"]]], np.int64)
     n = int(max(r1.max(initial=0), r2.max(initial=0))) + 1
