@@ -132,6 +132,7 @@ class SanityTopology:
         self.chain_residues = {c: int((chain_of_res == c).sum()) for c in ids}
         self.n_residues = int(sel_res.size)
         self.chain_atoms = {c: np.flatnonzero(chain == c) for c in ids}
+        self.chain_raw = {c: idx[a] for c, a in self.chain_atoms.items()}  # (the same, in the table)
         # the heavy-atom sub-table: its residues (renumbered from 0) are what the interface counts
         sub = a.take(idx)
         self.sres = sub.residue_index
@@ -145,8 +146,13 @@ class SanityTopology:
 
 
 def sanity_of(topo: SanityTopology, xyz, clash_cutoff: float = CLASH_CUTOFF,
-              interface_cutoff: float = 5.0) -> dict:
-    """:func:`design_sanity` of one frame's coordinates ``xyz`` (N, 3), Angstrom, on a prepared table."""
+              interface_cutoff: float = 5.0, found: dict | None = None) -> dict:
+    """:func:`design_sanity` of one frame's coordinates ``xyz`` (N, 3), Angstrom, on a prepared table.
+
+    ``found``: a dict that receives the interface search's atom contacts, for the DockQ contacts of the
+    same model (``host_scores(..., found=)``: one search, not two): ``"cutoff"``; ``"atoms"``, chain id
+    -> its heavy atoms (indices into ``xyz``, ascending); ``"pairs"``, (chain p, chain q) -> (i, j),
+    the pairs within the cutoff (<=) as positions in those two lists."""
     x = np.asarray(xyz)[topo.idx].astype(np.float64)
     ids = topo.ids
     ci, cj = _clash_pairs(x, topo.res, topo.code, topo.sg, float(clash_cutoff))
@@ -174,12 +180,18 @@ def sanity_of(topo: SanityTopology, xyz, clash_cutoff: float = CLASH_CUTOFF,
     if len(ids) > 1:
         from itertools import combinations
 
-        from .scores import _contact_pairs
+        from .scores import _contact_atoms, _residue_pairs
 
-        found = [_contact_pairs(x, topo.chain_atoms[p], topo.chain_atoms[q], topo.sres, float(interface_cutoff))
-                 for p, q in combinations(ids, 2)]
+        per_pair = {}
+        for p, q in combinations(ids, 2):
+            per_pair[p, q] = _contact_atoms(x, topo.chain_atoms[p], topo.chain_atoms[q], float(interface_cutoff))
+        if found is not None:
+            found.update(cutoff=float(interface_cutoff), pairs=per_pair,
+                         atoms=topo.chain_raw)
+        res = [_residue_pairs(topo.sres[topo.chain_atoms[p][i]], topo.sres[topo.chain_atoms[q][j]])
+               for (p, q), (i, j) in per_pair.items()]
         # (one chain pair: distinct and sorted already)
-        pairs = found[0] if len(found) == 1 else np.unique(np.concatenate(found), axis=0)
+        pairs = res[0] if len(res) == 1 else np.unique(np.concatenate(res), axis=0)
         ri, rj = pairs[:, 0], pairs[:, 1]
         n_contacts = int(ri.size)
         for r in np.unique(np.concatenate([ri, rj])):

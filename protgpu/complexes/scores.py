@@ -241,27 +241,40 @@ def qs_score(ref: _QSChains, mdl: _QSChains, mapping: ChainMapping, memo: dict |
 
 def _contact_pairs(xyz, atoms1, atoms2, res_of, cutoff) -> np.ndarray:
     """Distinct residue pairs (K, 2) int64, sorted, with any atom of ``atoms1`` within ``cutoff`` (<=) of
-    one of ``atoms2`` (heavy atoms given). One vectorised k-d tree pass (``sparse_distance_matrix``:
-    the pairs ``query_ball_tree`` finds, ties included) instead of a Python loop over atom pairs."""
+    one of ``atoms2`` (heavy atoms given): the residues of :func:`_contact_atoms`' pairs."""
+    i, j = _contact_atoms(xyz, atoms1, atoms2, cutoff)
+    return _residue_pairs(res_of[atoms1[i]], res_of[atoms2[j]])
+
+
+def _contact_atoms(xyz, atoms1, atoms2, cutoff) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair of an atom of ``atoms1`` within ``cutoff`` (<=) of one of ``atoms2``, as positions
+    (i, j) in the two lists, int64 (K,) each, in no particular order. One vectorised k-d tree pass
+    (``sparse_distance_matrix``: the pairs ``query_ball_tree`` finds, ties included) instead of a
+    Python loop over atom pairs; each pair's distance is symmetric, so swapping the lists swaps i and j."""
     from scipy.spatial import cKDTree
 
+    sel1, sel2 = np.arange(len(atoms1)), np.arange(len(atoms2))
     if len(atoms1) and len(atoms2):
         # only atoms inside the other side's bounding box grown by the cutoff can be in contact (a
         # chain's interface is a small part of it): smaller trees, the same pairs
         x1, x2 = xyz[atoms1], xyz[atoms2]
         pad = cutoff * (1 + 1e-9) + 1e-9
-        atoms1 = atoms1[((x1 >= x2.min(0) - pad) & (x1 <= x2.max(0) + pad)).all(1)]
-        x1 = xyz[atoms1]
-        if len(atoms1):
-            atoms2 = atoms2[((x2 >= x1.min(0) - pad) & (x2 <= x1.max(0) + pad)).all(1)]
-    if not len(atoms1) or not len(atoms2):
-        return np.zeros((0, 2), np.int64)
+        sel1 = np.flatnonzero(((x1 >= x2.min(0) - pad) & (x1 <= x2.max(0) + pad)).all(1))
+        x1 = x1[sel1]
+        if len(sel1):
+            sel2 = np.flatnonzero(((x2 >= x1.min(0) - pad) & (x2 <= x1.max(0) + pad)).all(1))
+    if not len(sel1) or not len(sel2):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     # (trees built without balancing or compaction: twice as fast to build, the same pairs, since each
     # candidate's distance is tested on its own)
-    m = cKDTree(xyz[atoms1], **_QUICK_TREE).sparse_distance_matrix(cKDTree(xyz[atoms2], **_QUICK_TREE), cutoff,
-                                                                   output_type="ndarray")
-    r1 = np.asarray(res_of[atoms1[m["i"]]], np.int64)
-    r2 = np.asarray(res_of[atoms2[m["j"]]], np.int64)
+    m = cKDTree(xyz[atoms1[sel1]], **_QUICK_TREE).sparse_distance_matrix(
+        cKDTree(xyz[atoms2[sel2]], **_QUICK_TREE), cutoff, output_type="ndarray")
+    return sel1[m["i"]], sel2[m["j"]]
+
+
+def _residue_pairs(r1: np.ndarray, r2: np.ndarray) -> np.ndarray:
+    """The distinct (r1, r2) pairs of two residue index arrays (K,), as (P, 2) int64 sorted rows."""
+    r1, r2 = np.asarray(r1, np.int64), np.asarray(r2, np.int64)
     n = int(max(r1.max(initial=0), r2.max(initial=0))) + 1
     code = r1 * n + r2
     if n * n <= 1 << 22:  # a table of every residue pair (at most 4 MB): distinct and sorted in O(pairs)
@@ -339,10 +352,13 @@ def _dockq_model_side(mdl_s, nat: _NativeInterface, mapping: ChainMapping, r1: s
 
 
 def _dockq_contacts(mdl_s, x, nat: _NativeInterface, mapping: ChainMapping, r1: str, r2: str,
-                    memo: dict | None = None) -> dict:
+                    memo: dict | None = None, found: dict | None = None, keep=None) -> dict:
     """fnat, fnonnat, nnat and nmdl of one model (coordinates ``x``, (N, 3)) at the reference interface
     (r1, r2): residue pairs with heavy atoms within 5 A, the model's residues read through the mapping.
-    ``memo`` as :func:`_qs_interface`."""
+    ``memo`` as :func:`_qs_interface`. ``found``: the inter-chain atom contacts the design-sanity
+    metrics found in the model before its clean-up (see :func:`~protgpu.complexes.sanity.sanity_of`);
+    used instead of a second search when they are at 5 A between the same atoms (``keep``: the atoms
+    of the model the clean-up kept, None for all)."""
     if memo is None:
         side = _dockq_model_side(mdl_s, nat, mapping, r1, r2)
     else:
@@ -350,12 +366,34 @@ def _dockq_contacts(mdl_s, x, nat: _NativeInterface, mapping: ChainMapping, r1: 
             memo["dockq", r1, r2] = _dockq_model_side(mdl_s, nat, mapping, r1, r2)
         side = memo["dockq", r1, r2]
     ma1, ma2, to_ref, atom_residue = side
-    found = to_ref[_contact_pairs(np.asarray(x, np.float64), ma1, ma2, atom_residue, DOCKQ_CONTACT)]
+    pairs = _shared_contacts(found, keep, mapping.chains[r1], mapping.chains[r2], ma1, ma2)
+    if pairs is None:
+        pairs = _contact_atoms(np.asarray(x, np.float64), ma1, ma2, DOCKQ_CONTACT)
+    found = to_ref[_residue_pairs(atom_residue[ma1[pairs[0]]], atom_residue[ma2[pairs[1]]])]
     mdl = set(map(tuple, found.tolist()))  # distinct: the mapping is one to one
     nnat = len(nat.native)
     return {"fnat": len(nat.native & mdl) / nnat if nnat else 0.0,
             "fnonnat": len(mdl - nat.native) / len(mdl) if mdl else 0.0,
             "nnat": float(nnat), "nmdl": float(len(mdl))}
+
+
+def _shared_contacts(found: dict | None, keep, c1: str, c2: str, ma1: np.ndarray, ma2: np.ndarray):
+    """The atom contacts (i, j) of model chains c1 and c2 at :data:`DOCKQ_CONTACT`, as positions in
+    ``ma1`` and ``ma2``, taken from ``found`` (the design-sanity search, see :func:`_dockq_contacts`):
+    None unless it searched at that cutoff between the very same atoms (same coordinates: the
+    contacts are the same pairs, so the counts are too)."""
+    if not found or found["cutoff"] != DOCKQ_CONTACT:
+        return None
+    atoms = found["atoms"]
+    if c1 not in atoms or c2 not in atoms:
+        return None
+    raw1, raw2 = (ma1, ma2) if keep is None else (keep[ma1], keep[ma2])
+    if not (np.array_equal(raw1, atoms[c1]) and np.array_equal(raw2, atoms[c2])):
+        return None
+    if (c1, c2) in found["pairs"]:
+        return found["pairs"][c1, c2]
+    j, i = found["pairs"][c2, c1]
+    return i, j
 
 
 def _dockq_rmsds(mdl_s, xs: np.ndarray, ref_s, nat: _NativeInterface, mapping: ChainMapping, r1: str, r2: str,
@@ -614,11 +652,14 @@ def _host(v) -> np.ndarray:
     return np.atleast_1d(np.asarray(to_numpy(v) if not np.isscalar(v) else v, np.float64))
 
 
-def host_scores(structure, mapping: ChainMapping, ref: ComplexReference, table: _ModelTable | None = None) -> dict:
+def host_scores(structure, mapping: ChainMapping, ref: ComplexReference, table: _ModelTable | None = None,
+                found: dict | None = None) -> dict:
     """The per-model parts of the scores, counted on the CPU (a parse worker can do them): QS_global and
     QS_best, and per reference interface (I,) fnat, fnonnat, nnat and nmdl (NaN where not mapped).
     ``table``: the model's :class:`_ModelTable` (from :func:`map_model`), whose memo keeps what depends
-    on the atom table and mapping only."""
+    on the atom table and mapping only. ``found``: the model's inter-chain atom contacts from its
+    design-sanity metrics (``sanity_of(..., found=)``, on the model before its clean-up), which DockQ's
+    contacts reuse where they are the same search (with ``table`` only)."""
     out: dict = {}
     memo = table.memo_of(mapping) if table is not None else {}
     if ref.qs is not None:
@@ -632,7 +673,9 @@ def host_scores(structure, mapping: ChainMapping, ref: ComplexReference, table: 
         parts = {p: np.full(len(ref.interfaces), np.nan) for p in ("fnat", "fnonnat", "nnat", "nmdl")}
         for i, (a, b) in enumerate(ref.interfaces):
             if a in mapping.chains and b in mapping.chains:
-                d = _dockq_contacts(structure, structure.coords[0], ref.native[a, b], mapping, a, b, memo)
+                d = _dockq_contacts(structure, structure.coords[0], ref.native[a, b], mapping, a, b, memo,
+                                     found if table is not None else None,
+                                     None if table is None else table.keep)
                 for p, v in d.items():
                     parts[p][i] = v
         out.update(parts)
