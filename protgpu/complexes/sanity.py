@@ -1,8 +1,8 @@
 """Design sanity metrics of one model: steric clashes, radius of gyration, residue counts per chain
 and at the interface, and buried interface contacts (``pg.design_sanity``).
 
-Clashes and interface contacts are the pairs a k-d tree finds within the cutoff (scipy; the residue
-contacts are DockQ's helper in :mod:`.scores`).
+Clashes and interface contacts are the pairs a k-d tree finds within the cutoff (scipy; the searches
+are in :mod:`._contacts`, the interface's shared with DockQ's contacts of the same model).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _clash_pairs(x: np.ndarray, res: np.ndarray, chain_code: np.ndarray, sg: np.
     structure instead of all n^2 distances); the strict ``<`` is tested on their distances."""
     from scipy.spatial import cKDTree
 
-    from .scores import _QUICK_TREE, _grown
+    from ._contacts import _QUICK_TREE, _grown
 
     pairs = cKDTree(x, **_QUICK_TREE).query_pairs(_grown(cutoff), output_type="ndarray")
     if not len(pairs):
@@ -180,7 +180,7 @@ def sanity_of(topo: SanityTopology, xyz, clash_cutoff: float = CLASH_CUTOFF,
     if len(ids) > 1:
         from itertools import combinations
 
-        from .scores import _contact_atoms, _residue_pairs
+        from ._contacts import _contact_atoms, _residue_pairs
 
         per_pair = {}
         for p, q in combinations(ids, 2):
