@@ -100,3 +100,141 @@ def _near(xyz, atoms1, atoms2, res_of, cutoff) -> set:
         return set()
     d, _ = cKDTree(xyz[atoms2]).query(xyz[atoms1], distance_upper_bound=cutoff)
     return {int(r) for r in res_of[atoms1[d <= cutoff]]}
+
+
+# --------------------------------------------------------------------------------------------------
+# Clash candidates: a compiled cell list (optional, numba; the k-d tree otherwise)
+
+
+def clash_candidates(x: np.ndarray, res: np.ndarray, chain_code: np.ndarray, sg: np.ndarray,
+                     cutoff: float) -> tuple[np.ndarray, np.ndarray]:
+    """Atom pairs (i, j), i < j, int64 (K,) each, that may be closer than ``cutoff`` (Angstrom): every
+    pair within the cutoff grown past rounding (:func:`_grown`), less the pairs a clash never is
+    (one residue, sequence-adjacent residues of one chain, two SG atoms). ``x`` (N, 3) float64.
+
+    The caller tests ``<`` on NumPy's distances, so both searches give the same clashes: a compiled
+    cell list (numba, when :func:`protgpu.scoring._fast.enabled`: the bonded pairs, most of what a
+    k-d tree returns at 2.2 A, are dropped inside the loop) or, without numba or for a cell grid much
+    sparser than the atoms, the k-d tree (:func:`clash_candidates_tree`)."""
+    from ..scoring import _fast
+
+    r = _grown(cutoff)
+    if len(x) and _fast.enabled():
+        _LOOPS.compile()
+        x = np.ascontiguousarray(x, np.float64)
+        lo, hi = _bounds(x)
+        # cells of edge r: the 27 around an atom's hold every partner
+        dims = np.floor((hi - lo) / r).astype(np.int64) + 1
+        # (a grid much sparser than the atoms, parts far apart: the k-d tree, as lDDT's pairs_within)
+        if float(np.prod(dims.astype(np.float64))) <= 8 * len(x) + 4096:
+            return _clash_cells(x, r, np.ascontiguousarray(res, np.int64),
+                                np.ascontiguousarray(chain_code, np.int64), np.ascontiguousarray(sg, np.bool_),
+                                lo, r, dims)
+    return clash_candidates_tree(x, res, chain_code, sg, cutoff)
+
+
+def clash_candidates_tree(x, res, chain_code, sg, cutoff):
+    """:func:`clash_candidates` by a k-d tree (``query_pairs``), the NumPy-and-scipy twin."""
+    from scipy.spatial import cKDTree
+
+    pairs = cKDTree(x, **_QUICK_TREE).query_pairs(_grown(cutoff), output_type="ndarray")
+    i, j = pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
+    keep = ~(((chain_code[i] == chain_code[j]) & (np.abs(res[i] - res[j]) <= 1)) | (sg[i] & sg[j]))
+    return i[keep], j[keep]
+
+
+def _bounds(x):
+    """(lowest, highest) coordinate on each axis of ``x`` (N >= 1, 3): one pass (NumPy's axis-0
+    min and max of an (N, 3) array are slow for their work)."""
+    lo = x[0].copy()
+    hi = x[0].copy()
+    for a in range(1, x.shape[0]):
+        for k in range(3):
+            lo[k] = min(lo[k], x[a, k])
+            hi[k] = max(hi[k], x[a, k])
+    return lo, hi
+
+
+def _clash_cells(x, r, res, code, sg, lo, edge, dims):
+    """:func:`clash_candidates` by a cell list (compiled by numba, see ``_LOOPS``): the atoms sorted by
+    cell (a counting sort), each atom's own cell (later atoms) and the 13 cells after it tested, so
+    that each pair is seen once, on contiguous rows."""
+    n = x.shape[0]
+    nx, ny, nz = dims[0], dims[1], dims[2]
+    ci = np.empty((n, 3), dtype=np.int64)
+    cell = np.empty(n, dtype=np.int64)
+    for a in range(n):
+        for k in range(3):
+            ci[a, k] = min(int((x[a, k] - lo[k]) / edge), dims[k] - 1)
+        cell[a] = (ci[a, 0] * ny + ci[a, 1]) * nz + ci[a, 2]
+    start = np.zeros(nx * ny * nz + 1, dtype=np.int64)
+    for a in range(n):
+        start[cell[a] + 1] += 1
+    for c in range(nx * ny * nz):
+        start[c + 1] += start[c]
+    fill = start.copy()
+    order = np.empty(n, dtype=np.int64)
+    for a in range(n):
+        order[fill[cell[a]]] = a
+        fill[cell[a]] += 1
+    xs = np.empty((n, 3))
+    rs = np.empty(n, dtype=np.int64)
+    cs = np.empty(n, dtype=np.int64)
+    gs = np.empty(n, dtype=np.bool_)
+    for t in range(n):
+        a = order[t]
+        xs[t, 0], xs[t, 1], xs[t, 2] = x[a, 0], x[a, 1], x[a, 2]
+        rs[t], cs[t], gs[t] = res[a], code[a], sg[a]
+    r2 = r * r
+    cap = 64
+    oi = np.empty(cap, dtype=np.int64)
+    oj = np.empty(cap, dtype=np.int64)
+    k_out = 0
+    for p in range(n):
+        i = order[p]
+        px, py, pz = ci[i, 0], ci[i, 1], ci[i, 2]
+        for dx in range(0, 2):
+            cx = px + dx
+            if cx >= nx:
+                continue
+            for dy in range(-1, 2):
+                cy = py + dy
+                if cy < 0 or cy >= ny or (dx == 0 and dy < 0):
+                    continue
+                for dz in range(-1, 2):
+                    cz = pz + dz
+                    if cz < 0 or cz >= nz or (dx == 0 and dy == 0 and dz < 0):
+                        continue
+                    c = (cx * ny + cy) * nz + cz
+                    t0 = p + 1 if (dx == 0 and dy == 0 and dz == 0) else start[c]
+                    for t in range(t0, start[c + 1]):
+                        if (cs[p] == cs[t] and abs(rs[p] - rs[t]) <= 1) or (gs[p] and gs[t]):
+                            continue
+                        v0 = xs[p, 0] - xs[t, 0]
+                        v1 = xs[p, 1] - xs[t, 1]
+                        v2 = xs[p, 2] - xs[t, 2]
+                        if v0 * v0 + v1 * v1 + v2 * v2 <= r2:
+                            if k_out == cap:
+                                cap *= 2
+                                gi = np.empty(cap, dtype=np.int64)
+                                gj = np.empty(cap, dtype=np.int64)
+                                gi[:k_out] = oi[:k_out]
+                                gj[:k_out] = oj[:k_out]
+                                oi, oj = gi, gj
+                            j = order[t]
+                            oi[k_out] = min(i, j)
+                            oj[k_out] = max(i, j)
+                            k_out += 1
+    return oi[:k_out].copy(), oj[:k_out].copy()
+
+
+def _make_loops():
+    from ..scoring._fast import Loops
+
+    loops = Loops(globals())
+    loops.jit(_bounds)
+    loops.jit(_clash_cells)
+    return loops
+
+
+_LOOPS = _make_loops()

@@ -28,17 +28,9 @@ def _clash_pairs(x: np.ndarray, res: np.ndarray, chain_code: np.ndarray, sg: np.
     peptide-bond atoms are 1.3-2.5 A apart), and not two cysteine SG atoms (a disulfide bond is 2.05 A).
     A k-d tree finds the candidates (pairs within ``cutoff`` grown past its rounding: O(n) for a packed
     structure instead of all n^2 distances); the strict ``<`` is tested on their distances."""
-    from scipy.spatial import cKDTree
+    from ._contacts import clash_candidates
 
-    from ._contacts import _QUICK_TREE, _grown
-
-    pairs = cKDTree(x, **_QUICK_TREE).query_pairs(_grown(cutoff), output_type="ndarray")
-    if not len(pairs):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    i, j = pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
-    # the bonded pairs (most candidates) go first: fewer distances to compute
-    keep = ~(((chain_code[i] == chain_code[j]) & (np.abs(res[i] - res[j]) <= 1)) | (sg[i] & sg[j]))
-    i, j = i[keep], j[keep]
+    i, j = clash_candidates(x, res, chain_code, sg, cutoff)
     keep = np.sqrt(((x[i] - x[j]) ** 2).sum(-1)) < cutoff
     return i[keep], j[keep]
 

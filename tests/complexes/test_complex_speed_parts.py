@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import protgpu as pg
@@ -50,16 +50,41 @@ def test_pairs_below_are_the_full_matrix_pairs(seed, cutoff, n1, n2):
     np.testing.assert_array_equal(d, full[want_i, want_j])
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.sampled_from([1.0, 2.0, 2.2, 3.0]))
-def test_clash_pairs_are_the_brute_force_pairs(seed, cutoff):
+def _fast_enabled() -> bool:
+    from protgpu.scoring import _fast
+
+    return _fast.enabled()
+
+
+@pytest.fixture(params=["compiled", "tree"])
+def clash_path(request, monkeypatch):
+    """The clash search with the compiled cell list (numba; skipped without it) and with the k-d tree."""
+    from protgpu.scoring import _fast
+
+    if request.param == "compiled" and not _fast_enabled():
+        pytest.skip("numba not importable: the k-d tree path only")
+    if request.param == "tree":
+        monkeypatch.setattr(_fast, "ENABLED", False)
+    return request.param
+
+
+# (the fixture sets the path once for all examples: nothing in it is per example)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 2**31 - 1), st.sampled_from([1.0, 2.0, 2.2, 3.0]), st.booleans())
+def test_clash_pairs_are_the_brute_force_pairs(clash_path, seed, cutoff, spread):
     """Every pair closer than the cutoff (strict, ties left out), less the excluded ones (same or
-    adjacent residue of one chain, SG-SG), as brute force over all pairs finds them."""
+    adjacent residue of one chain, SG-SG), as brute force over all pairs finds them; by both searches
+    (``spread``: two clumps far apart, a cell grid too sparse for the cell list: the k-d tree)."""
+    from protgpu.scoring import _fast
+
+    assert _fast.enabled() == (clash_path == "compiled")
     rng = np.random.default_rng(seed)
     n = 80
     x = rng.integers(0, 7, size=(n, 3)).astype(np.float64)
     if seed % 2:
         x += rng.normal(scale=0.3, size=x.shape)
+    if spread:
+        x[n // 2:] += 1000.0
     res = np.sort(rng.integers(0, 30, size=n))
     code = (res >= 15).astype(np.int64)
     sg = rng.random(n) < 0.2
@@ -70,6 +95,24 @@ def test_clash_pairs_are_the_brute_force_pairs(seed, cutoff):
     gi, gj = sa._clash_pairs(x, res, code, sg, cutoff)
     got = list(zip(gi.tolist(), gj.tolist(), strict=True))
     assert len(got) == len(set(got)) and set(got) == want
+    assert all(a < b for a, b in got)
+
+
+def test_clash_candidates_of_both_searches_are_the_same_pairs(eud):
+    """The compiled cell list and the k-d tree propose the same candidates on a real complex with
+    noise (clashes at the interface and inside chains)."""
+    from protgpu.complexes._contacts import clash_candidates, clash_candidates_tree
+
+    if not _fast_enabled():
+        pytest.skip("numba not importable")
+    s = _noisy(eud[1], 1, 0.6, seed=4)[0]
+    topo = sa.SanityTopology(s.atoms)
+    x = np.asarray(s.coords[0])[topo.idx].astype(np.float64)
+    for cutoff in (2.2, 3.0):
+        i, j = clash_candidates(x, topo.res, topo.code, topo.sg, cutoff)
+        ti, tj = clash_candidates_tree(x, topo.res, topo.code, topo.sg, cutoff)
+        assert len(i) == len(ti) > 10
+        assert set(zip(i.tolist(), j.tolist(), strict=True)) == set(zip(ti.tolist(), tj.tolist(), strict=True))
 
 
 @settings(max_examples=40, deadline=None)
