@@ -6,6 +6,8 @@ docs/design/complexes.md (Throughput)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 #: k-d trees of one model's atoms, built for one search: unbalanced and not compacted (about half the
@@ -49,27 +51,57 @@ def _contact_pairs(xyz, atoms1, atoms2, res_of, cutoff) -> np.ndarray:
 
 def _contact_atoms(xyz, atoms1, atoms2, cutoff) -> tuple[np.ndarray, np.ndarray]:
     """Every pair of an atom of ``atoms1`` within ``cutoff`` (<=) of one of ``atoms2``, as positions
-    (i, j) in the two lists, int64 (K,) each, in no particular order. One vectorised k-d tree pass
-    (``sparse_distance_matrix``: the pairs ``query_ball_tree`` finds, ties included) instead of a
-    Python loop over atom pairs; each pair's distance is symmetric, so swapping the lists swaps i and j."""
+    (i, j) in the two lists, int64 (K,) each, in no particular order; each pair's distance is
+    symmetric, so swapping the lists swaps i and j.
+
+    "Within" is the k-d tree's test (``sparse_distance_matrix``: the pairs ``query_ball_tree`` finds,
+    ties included; :func:`_contact_atoms_tree`). With numba (:func:`protgpu.scoring._fast.enabled`) a
+    compiled cell list finds them instead: pairs clearly inside or outside the cutoff (squared distance
+    more than 1e-9 relative from the squared cutoff: far beyond any difference of rounding between
+    two float64 sums of three squares) are decided there, the few left in that band by the k-d tree's
+    own test, so both give the same pairs."""
+    from ..scoring import _fast
+
+    if len(atoms1) and len(atoms2) and _fast.enabled():
+        _LOOPS.compile()
+        x1 = np.ascontiguousarray(xyz[atoms1], np.float64)
+        x2 = np.ascontiguousarray(xyz[atoms2], np.float64)
+        lo, hi = _bounds(x2)
+        edge = _grown(cutoff)  # cells of edge >= cutoff: the 27 around an atom's hold every partner
+        dims = np.floor((hi - lo) / edge).astype(np.int64) + 1
+        if float(np.prod(dims.astype(np.float64))) <= 8 * len(x2) + 4096:
+            r2 = float(cutoff) * float(cutoff)
+            i, j, unsure = _contact_cells(x1, x2, r2 * (1 - 1e-9), r2 * (1 + 1e-9), lo, edge, dims)
+            if unsure.any():
+                keep = ~unsure
+                ui, uj = i[unsure], j[unsure]
+                m = _contact_atoms_tree(x1[ui], x2[uj], cutoff)
+                keep[np.flatnonzero(unsure)[m[0][m[0] == m[1]]]] = True  # each band pair, alone
+                i, j = i[keep], j[keep]
+            return i, j
+    return _contact_atoms_tree(xyz[atoms1], xyz[atoms2], cutoff)
+
+
+def _contact_atoms_tree(x1: np.ndarray, x2: np.ndarray, cutoff: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_contact_atoms` of the points ``x1`` (N1, 3) and ``x2`` (N2, 3) by a k-d tree pass, the
+    NumPy-and-scipy twin: positions (i, j) of the pairs within ``cutoff`` (<=)."""
     from scipy.spatial import cKDTree
 
-    sel1, sel2 = np.arange(len(atoms1)), np.arange(len(atoms2))
-    if len(atoms1) and len(atoms2):
+    sel1, sel2 = np.arange(len(x1)), np.arange(len(x2))
+    if len(x1) and len(x2):
         # only atoms inside the other side's bounding box grown by the cutoff can be in contact (a
         # chain's interface is a small part of it): smaller trees, the same pairs
-        x1, x2 = xyz[atoms1], xyz[atoms2]
         pad = cutoff * (1 + 1e-9) + 1e-9
         sel1 = np.flatnonzero(((x1 >= x2.min(0) - pad) & (x1 <= x2.max(0) + pad)).all(1))
-        x1 = x1[sel1]
         if len(sel1):
-            sel2 = np.flatnonzero(((x2 >= x1.min(0) - pad) & (x2 <= x1.max(0) + pad)).all(1))
+            y1 = x1[sel1]
+            sel2 = np.flatnonzero(((x2 >= y1.min(0) - pad) & (x2 <= y1.max(0) + pad)).all(1))
     if not len(sel1) or not len(sel2):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     # (trees built without balancing or compaction: twice as fast to build, the same pairs, since each
     # candidate's distance is tested on its own)
-    m = cKDTree(xyz[atoms1[sel1]], **_QUICK_TREE).sparse_distance_matrix(
-        cKDTree(xyz[atoms2[sel2]], **_QUICK_TREE), cutoff, output_type="ndarray")
+    m = cKDTree(x1[sel1], **_QUICK_TREE).sparse_distance_matrix(cKDTree(x2[sel2], **_QUICK_TREE), cutoff,
+                                                                output_type="ndarray")
     return sel1[m["i"]], sel2[m["j"]]
 
 
@@ -155,35 +187,89 @@ def _bounds(x):
     return lo, hi
 
 
-def _clash_cells(x, r, res, code, sg, lo, edge, dims):
-    """:func:`clash_candidates` by a cell list (compiled by numba, see ``_LOOPS``): the atoms sorted by
-    cell (a counting sort), each atom's own cell (later atoms) and the 13 cells after it tested, so
-    that each pair is seen once, on contiguous rows."""
+def _cell_sort(x, lo, edge, dims):
+    """A cell list of the points ``x`` (N, 3) in cells of edge ``edge`` from ``lo`` (dims cells per
+    axis): each point's cell coordinates (N, 3), the first sorted position of each cell (C + 1,), the
+    points sorted by cell (N,), and their coordinates in that order (N, 3) (a counting sort)."""
     n = x.shape[0]
-    nx, ny, nz = dims[0], dims[1], dims[2]
+    ny, nz = dims[1], dims[2]
+    n_cells = dims[0] * ny * nz
     ci = np.empty((n, 3), dtype=np.int64)
     cell = np.empty(n, dtype=np.int64)
     for a in range(n):
         for k in range(3):
             ci[a, k] = min(int((x[a, k] - lo[k]) / edge), dims[k] - 1)
         cell[a] = (ci[a, 0] * ny + ci[a, 1]) * nz + ci[a, 2]
-    start = np.zeros(nx * ny * nz + 1, dtype=np.int64)
+    start = np.zeros(n_cells + 1, dtype=np.int64)
     for a in range(n):
         start[cell[a] + 1] += 1
-    for c in range(nx * ny * nz):
+    for c in range(n_cells):
         start[c + 1] += start[c]
     fill = start.copy()
     order = np.empty(n, dtype=np.int64)
-    for a in range(n):
-        order[fill[cell[a]]] = a
-        fill[cell[a]] += 1
     xs = np.empty((n, 3))
+    for a in range(n):
+        t = fill[cell[a]]
+        order[t] = a
+        xs[t, 0], xs[t, 1], xs[t, 2] = x[a, 0], x[a, 1], x[a, 2]
+        fill[cell[a]] += 1
+    return ci, start, order, xs
+
+
+def _contact_cells(x1, x2, r2lo, r2hi, lo, edge, dims):
+    """:func:`_contact_atoms`' pairs by a cell list of ``x2`` (compiled by numba, see ``_LOOPS``):
+    positions (i, j) of the pairs with squared distance <= ``r2hi``, and whether it is above
+    ``r2lo`` (a pair for the k-d tree's own test)."""
+    nx, ny, nz = dims[0], dims[1], dims[2]
+    _, start, order, xs = _cell_sort(x2, lo, edge, dims)
+    cap = 64
+    oi = np.empty(cap, dtype=np.int64)
+    oj = np.empty(cap, dtype=np.int64)
+    ou = np.empty(cap, dtype=np.bool_)
+    k_out = 0
+    for i in range(x1.shape[0]):
+        p0, p1, p2 = x1[i, 0], x1[i, 1], x1[i, 2]
+        c0 = int(math.floor((p0 - lo[0]) / edge))
+        c1 = int(math.floor((p1 - lo[1]) / edge))
+        c2 = int(math.floor((p2 - lo[2]) / edge))
+        for cx in range(max(c0 - 1, 0), min(c0 + 2, nx)):
+            for cy in range(max(c1 - 1, 0), min(c1 + 2, ny)):
+                for cz in range(max(c2 - 1, 0), min(c2 + 2, nz)):
+                    c = (cx * ny + cy) * nz + cz
+                    for t in range(start[c], start[c + 1]):
+                        v0 = p0 - xs[t, 0]
+                        v1 = p1 - xs[t, 1]
+                        v2 = p2 - xs[t, 2]
+                        d2 = v0 * v0 + v1 * v1 + v2 * v2
+                        if d2 <= r2hi:
+                            if k_out == cap:
+                                cap *= 2
+                                gi = np.empty(cap, dtype=np.int64)
+                                gj = np.empty(cap, dtype=np.int64)
+                                gu = np.empty(cap, dtype=np.bool_)
+                                gi[:k_out] = oi[:k_out]
+                                gj[:k_out] = oj[:k_out]
+                                gu[:k_out] = ou[:k_out]
+                                oi, oj, ou = gi, gj, gu
+                            oi[k_out] = i
+                            oj[k_out] = order[t]
+                            ou[k_out] = d2 > r2lo
+                            k_out += 1
+    return oi[:k_out].copy(), oj[:k_out].copy(), ou[:k_out].copy()
+
+
+def _clash_cells(x, r, res, code, sg, lo, edge, dims):
+    """:func:`clash_candidates` by a cell list (compiled by numba, see ``_LOOPS``): the atoms sorted by
+    cell, each atom's own cell (later atoms) and the 13 cells after it tested, so that each pair is
+    seen once, on contiguous rows."""
+    n = x.shape[0]
+    nx, ny, nz = dims[0], dims[1], dims[2]
+    ci, start, order, xs = _cell_sort(x, lo, edge, dims)
     rs = np.empty(n, dtype=np.int64)
     cs = np.empty(n, dtype=np.int64)
     gs = np.empty(n, dtype=np.bool_)
     for t in range(n):
         a = order[t]
-        xs[t, 0], xs[t, 1], xs[t, 2] = x[a, 0], x[a, 1], x[a, 2]
         rs[t], cs[t], gs[t] = res[a], code[a], sg[a]
     r2 = r * r
     cap = 64
@@ -232,8 +318,8 @@ def _make_loops():
     from ..scoring._fast import Loops
 
     loops = Loops(globals())
-    loops.jit(_bounds)
-    loops.jit(_clash_cells)
+    for fn in (_bounds, _cell_sort, _contact_cells, _clash_cells):
+        loops.jit(fn)
     return loops
 
 

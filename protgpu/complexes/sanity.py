@@ -26,8 +26,9 @@ def _clash_pairs(x: np.ndarray, res: np.ndarray, chain_code: np.ndarray, sg: np.
     """(i, j) heavy-atom pairs, i < j, closer than ``cutoff`` (strict ``<`` on NumPy's float64
     distances): not in the same residue, not in sequence-adjacent residues of one chain (their
     peptide-bond atoms are 1.3-2.5 A apart), and not two cysteine SG atoms (a disulfide bond is 2.05 A).
-    A k-d tree finds the candidates (pairs within ``cutoff`` grown past its rounding: O(n) for a packed
-    structure instead of all n^2 distances); the strict ``<`` is tested on their distances."""
+    A cell list or a k-d tree finds the candidates (:func:`._contacts.clash_candidates`: pairs within
+    ``cutoff`` grown past rounding, the excluded ones left out; O(n) for a packed structure instead of
+    all n^2 distances); the strict ``<`` is tested on their distances."""
     from ._contacts import clash_candidates
 
     i, j = clash_candidates(x, res, chain_code, sg, cutoff)

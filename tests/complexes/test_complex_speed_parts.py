@@ -57,8 +57,9 @@ def _fast_enabled() -> bool:
 
 
 @pytest.fixture(params=["compiled", "tree"])
-def clash_path(request, monkeypatch):
-    """The clash search with the compiled cell list (numba; skipped without it) and with the k-d tree."""
+def search_path(request, monkeypatch):
+    """The clash and contact searches with the compiled cell lists (numba; skipped without it) and with
+    the k-d trees."""
     from protgpu.scoring import _fast
 
     if request.param == "compiled" and not _fast_enabled():
@@ -71,13 +72,13 @@ def clash_path(request, monkeypatch):
 # (the fixture sets the path once for all examples: nothing in it is per example)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.integers(0, 2**31 - 1), st.sampled_from([1.0, 2.0, 2.2, 3.0]), st.booleans())
-def test_clash_pairs_are_the_brute_force_pairs(clash_path, seed, cutoff, spread):
+def test_clash_pairs_are_the_brute_force_pairs(search_path, seed, cutoff, spread):
     """Every pair closer than the cutoff (strict, ties left out), less the excluded ones (same or
     adjacent residue of one chain, SG-SG), as brute force over all pairs finds them; by both searches
     (``spread``: two clumps far apart, a cell grid too sparse for the cell list: the k-d tree)."""
     from protgpu.scoring import _fast
 
-    assert _fast.enabled() == (clash_path == "compiled")
+    assert _fast.enabled() == (search_path == "compiled")
     rng = np.random.default_rng(seed)
     n = 80
     x = rng.integers(0, 7, size=(n, 3)).astype(np.float64)
@@ -98,10 +99,10 @@ def test_clash_pairs_are_the_brute_force_pairs(clash_path, seed, cutoff, spread)
     assert all(a < b for a, b in got)
 
 
-def test_clash_candidates_of_both_searches_are_the_same_pairs(eud):
-    """The compiled cell list and the k-d tree propose the same candidates on a real complex with
-    noise (clashes at the interface and inside chains)."""
-    from protgpu.complexes._contacts import clash_candidates, clash_candidates_tree
+def test_searches_of_both_kinds_are_the_same_pairs(eud):
+    """The compiled cell lists and the k-d trees give the same clash candidates and interface atom
+    contacts on a real complex with noise (clashes at the interface and inside chains)."""
+    from protgpu.complexes._contacts import _contact_atoms, _contact_atoms_tree, clash_candidates, clash_candidates_tree
 
     if not _fast_enabled():
         pytest.skip("numba not importable")
@@ -113,15 +114,24 @@ def test_clash_candidates_of_both_searches_are_the_same_pairs(eud):
         ti, tj = clash_candidates_tree(x, topo.res, topo.code, topo.sg, cutoff)
         assert len(i) == len(ti) > 10
         assert set(zip(i.tolist(), j.tolist(), strict=True)) == set(zip(ti.tolist(), tj.tolist(), strict=True))
+    a, b = topo.chain_atoms["A"], topo.chain_atoms["B"]
+    for cutoff in (5.0, 8.0):
+        i, j = _contact_atoms(x, a, b, cutoff)
+        ti, tj = _contact_atoms_tree(x[a], x[b], cutoff)
+        assert len(i) == len(ti) > 100
+        assert set(zip(i.tolist(), j.tolist(), strict=True)) == set(zip(ti.tolist(), tj.tolist(), strict=True))
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.sampled_from([1.0, 2.0, 5.0]))
-def test_contact_atoms_are_every_atom_pair_within_the_cutoff(seed, cutoff):
-    """Positions in the two lists of every pair within the cutoff (<=, ties counted); swapping the
-    lists swaps the pairs."""
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 2**31 - 1), st.sampled_from([1.0, 2.0, 5.0]), st.booleans())
+def test_contact_atoms_are_every_atom_pair_within_the_cutoff(search_path, seed, cutoff, spread):
+    """Positions in the two lists of every pair within the cutoff (<=, ties counted: with integer
+    coordinates many squared distances equal the squared cutoff); swapping the lists swaps the pairs.
+    ``spread``: some atoms of the second list far away (a sparse grid: the k-d tree)."""
     rng = np.random.default_rng(seed)
     x = rng.integers(0, 6, size=(70, 3)).astype(np.float64)
+    if spread:
+        x[60:] += 1000.0
     a1, a2 = np.sort(rng.choice(70, 30, replace=False)), np.arange(40, 70)
     a1 = a1[a1 < 40]
     d2 = ((x[a1][:, None] - x[a2][None]) ** 2).sum(-1)
