@@ -118,13 +118,13 @@ def confidence_columns(structure, path, mode: str = "auto") -> dict:
     return out
 
 
-def sanity_columns(structure, topology=None) -> dict:
+def sanity_columns(structure, topology=None, found: dict | None = None) -> dict:
     """The :data:`SANITY_COLUMNS` of one model (its first frame); ``chain_residues`` as text ``A:120,B:85``.
     ``topology``: its atom table's :class:`~protgpu.complexes.sanity.SanityTopology` when the caller keeps
-    one per table (the models of one design share it)."""
+    one per table (the models of one design share it); ``found``: with it, as ``sanity_of``'s."""
     from .sanity import design_sanity, sanity_of
 
-    m = design_sanity(structure) if topology is None else sanity_of(topology, structure.coords[0])
+    m = design_sanity(structure) if topology is None else sanity_of(topology, structure.coords[0], found=found)
     out = {c: m[c] for c in SANITY_COLUMNS if c != "chain_residues"}
     out["chain_residues"] = ",".join(f"{c}:{n}" for c, n in m["chain_residues"].items())
     out["radius_of_gyration"] = float(out["radius_of_gyration"])

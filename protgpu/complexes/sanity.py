@@ -1,8 +1,8 @@
 """Design sanity metrics of one model: steric clashes, radius of gyration, residue counts per chain
 and at the interface, and buried interface contacts (``pg.design_sanity``).
 
-Clashes and interface contacts are the pairs a k-d tree finds within the cutoff (scipy; the residue
-contacts are DockQ's helper in :mod:`.scores`).
+Clashes and interface contacts are the pairs a k-d tree finds within the cutoff (scipy; the searches
+are in :mod:`._contacts`, the interface's shared with DockQ's contacts of the same model).
 """
 
 from __future__ import annotations
@@ -23,21 +23,16 @@ CLASH_CUTOFF = 2.2
 
 
 def _clash_pairs(x: np.ndarray, res: np.ndarray, chain_code: np.ndarray, sg: np.ndarray, cutoff: float):
-    """(i, j) heavy-atom pairs, i < j, closer than ``cutoff``: not in the same residue, not in
-    sequence-adjacent residues of one chain (their peptide-bond atoms are 1.3-2.5 A apart), and not
-    two cysteine SG atoms (a disulfide bond is 2.05 A). A k-d tree finds the candidates (pairs within
-    ``cutoff``, O(n) for a packed structure instead of all n^2 distances); the strict ``<`` is tested
-    on their distances."""
-    from scipy.spatial import cKDTree
+    """(i, j) heavy-atom pairs, i < j, closer than ``cutoff`` (strict ``<`` on NumPy's float64
+    distances): not in the same residue, not in sequence-adjacent residues of one chain (their
+    peptide-bond atoms are 1.3-2.5 A apart), and not two cysteine SG atoms (a disulfide bond is 2.05 A).
+    A cell list or a k-d tree finds the candidates (:func:`._contacts.clash_candidates`: pairs within
+    ``cutoff`` grown past rounding, the excluded ones left out; O(n) for a packed structure instead of
+    all n^2 distances); the strict ``<`` is tested on their distances."""
+    from ._contacts import clash_candidates
 
-    pairs = cKDTree(x).query_pairs(cutoff, output_type="ndarray")
-    if not len(pairs):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    i, j = pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
+    i, j = clash_candidates(x, res, chain_code, sg, cutoff)
     keep = np.sqrt(((x[i] - x[j]) ** 2).sum(-1)) < cutoff
-    same_chain = chain_code[i] == chain_code[j]
-    keep &= ~(same_chain & (np.abs(res[i] - res[j]) <= 1))
-    keep &= ~(sg[i] & sg[j])
     return i[keep], j[keep]
 
 
@@ -130,6 +125,7 @@ class SanityTopology:
         self.chain_residues = {c: int((chain_of_res == c).sum()) for c in ids}
         self.n_residues = int(sel_res.size)
         self.chain_atoms = {c: np.flatnonzero(chain == c) for c in ids}
+        self.chain_raw = {c: idx[a] for c, a in self.chain_atoms.items()}  # (the same, in the table)
         # the heavy-atom sub-table: its residues (renumbered from 0) are what the interface counts
         sub = a.take(idx)
         self.sres = sub.residue_index
@@ -143,8 +139,13 @@ class SanityTopology:
 
 
 def sanity_of(topo: SanityTopology, xyz, clash_cutoff: float = CLASH_CUTOFF,
-              interface_cutoff: float = 5.0) -> dict:
-    """:func:`design_sanity` of one frame's coordinates ``xyz`` (N, 3), Angstrom, on a prepared table."""
+              interface_cutoff: float = 5.0, found: dict | None = None) -> dict:
+    """:func:`design_sanity` of one frame's coordinates ``xyz`` (N, 3), Angstrom, on a prepared table.
+
+    ``found``: a dict that receives the interface search's atom contacts, for the DockQ contacts of the
+    same model (``host_scores(..., found=)``: one search, not two): ``"cutoff"``; ``"atoms"``, chain id
+    -> its heavy atoms (indices into ``xyz``, ascending); ``"pairs"``, (chain p, chain q) -> (i, j),
+    the pairs within the cutoff (<=) as positions in those two lists."""
     x = np.asarray(xyz)[topo.idx].astype(np.float64)
     ids = topo.ids
     ci, cj = _clash_pairs(x, topo.res, topo.code, topo.sg, float(clash_cutoff))
@@ -172,12 +173,18 @@ def sanity_of(topo: SanityTopology, xyz, clash_cutoff: float = CLASH_CUTOFF,
     if len(ids) > 1:
         from itertools import combinations
 
-        from .scores import _contact_pairs
+        from ._contacts import _contact_atoms, _residue_pairs
 
-        found = [_contact_pairs(x, topo.chain_atoms[p], topo.chain_atoms[q], topo.sres, float(interface_cutoff))
-                 for p, q in combinations(ids, 2)]
+        per_pair = {}
+        for p, q in combinations(ids, 2):
+            per_pair[p, q] = _contact_atoms(x, topo.chain_atoms[p], topo.chain_atoms[q], float(interface_cutoff))
+        if found is not None:
+            found.update(cutoff=float(interface_cutoff), pairs=per_pair,
+                         atoms=topo.chain_raw)
+        res = [_residue_pairs(topo.sres[topo.chain_atoms[p][i]], topo.sres[topo.chain_atoms[q][j]])
+               for (p, q), (i, j) in per_pair.items()]
         # (one chain pair: distinct and sorted already)
-        pairs = found[0] if len(found) == 1 else np.unique(np.concatenate(found), axis=0)
+        pairs = res[0] if len(res) == 1 else np.unique(np.concatenate(res), axis=0)
         ri, rj = pairs[:, 0], pairs[:, 1]
         n_contacts = int(ri.size)
         for r in np.unique(np.concatenate([ri, rj])):

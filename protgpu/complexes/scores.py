@@ -24,6 +24,14 @@ from ..scoring.tmscore import tm_score
 from ..structure import Structure
 from ..superpose import superpose
 from ._cleanup import clean, clean_keep
+from ._contacts import (
+    _contact_atoms,
+    _contact_pairs,  # noqa: F401  (was defined here: tests and callers import it from here)
+    _contacts,
+    _near,
+    _pairs_below,
+    _residue_pairs,
+)
 from .mapping import MAX_NAIVE, ChainMapping, _map, model_structure, protein_chains, reference_structure
 
 # qs_score and dockq (one mapped model, one interface) stay importable by name for tests; not public API
@@ -82,22 +90,26 @@ class _QSChains:
 
     def __init__(self, s, info, chains: dict, reps: dict | None = None):
         xyz = np.asarray(s.coords[0], dtype=np.float64)
-        self.res, self.pos, self._dist = {}, {}, {}
+        self.res, self.pos, self._contacts = {}, {}, {}
         reps = _qs_reps(info, chains) if reps is None else reps
         for c, (res, rep) in reps.items():
             self.res[c] = res
             self.pos[c] = xyz[rep]
         names = list(chains)
         self.interfaces = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
-                           if (self.dist(a, b) < QS_CONTACT).any()]
+                           if len(self.contacts(a, b)[0])]
 
-    def dist(self, a, b) -> np.ndarray:
-        """Representative-atom distances between chains a and b (computed once: the reference's serve
-        every model, a model's both the interface search and the scores)."""
-        if (a, b) not in self._dist:
+    def contacts(self, a, b) -> tuple[np.ndarray, np.ndarray]:
+        """The representative-atom pairs of chains a and b closer than :data:`QS_CONTACT`: their cells
+        ``row * len(b) + column`` of the (a, b) distance matrix in row-major order, int64 (K,), and
+        their distances (K,), Angstrom (those of the full matrix, bit for bit: :func:`_pairs_below`).
+        Computed once: the reference's serve every model, a model's both the interface search and the
+        scores."""
+        if (a, b) not in self._contacts:
             pa, pb = self.pos[a], self.pos[b]
-            self._dist[a, b] = np.sqrt(((pa[:, None, :] - pb[None, :, :]) ** 2).sum(-1))
-        return self._dist[a, b]
+            i, j, d = _pairs_below(pa, pb, QS_CONTACT)
+            self._contacts[a, b] = (i * len(pb) + j, d)
+        return self._contacts[a, b]
 
 
 def _qs_reps(info, chains: dict) -> dict:
@@ -132,9 +144,13 @@ def _qs_pairs(ref: _QSChains, mdl: _QSChains, r_int, m_int, mapping: ChainMappin
 def _qs_interface(ref: _QSChains, mdl: _QSChains, r_int, m_int, mapping: ChainMapping, memo: dict | None = None):
     """(weighted_scores, weight_sum, weight_extra_mapped, weight_extra_all) of one mapped interface.
     ``memo``: a dict kept per model atom table and mapping (the residue pairs are the same for all its
-    models)."""
-    d1 = ref.dist(*r_int)
-    d2 = mdl.dist(*m_int)
+    models).
+
+    On the contacts only (:meth:`_QSChains.contacts`), not the full distance matrices: each contact's
+    cell in the grid of mapped residue pairs (rows: chain 1's mapped residues, columns: chain 2's, in the
+    mapping's order); a contact is shared when both structures have one in that grid cell. Every sum
+    runs over the same values in the same order as on the full matrices (shared contacts in grid order,
+    the others in their matrix's row-major order): the same result, bit for bit."""
     if memo is None:
         idx = _qs_pairs(ref, mdl, r_int, m_int, mapping)
     else:
@@ -143,25 +159,28 @@ def _qs_interface(ref: _QSChains, mdl: _QSChains, r_int, m_int, mapping: ChainMa
             memo[key] = _qs_pairs(ref, mdl, r_int, m_int, mapping)
         idx = memo[key]
     (a1, a2), (b1, b2) = idx[0].T, idx[1].T
-    c1, c2 = d1 < QS_CONTACT, d2 < QS_CONTACT
-    shared1 = np.zeros(d1.shape, bool)
-    shared2 = np.zeros(d2.shape, bool)
-    mapped1 = np.zeros(d1.shape, bool)
-    mapped2 = np.zeros(d2.shape, bool)
-    s1 = s2 = np.zeros(0)
-    if len(a1) and len(b1):
-        g1, g2 = np.ix_(a1, b1), np.ix_(a2, b2)
-        shared = c1[g1] & c2[g2]
-        shared1[g1], shared2[g2] = shared, shared
-        mapped1[g1] = c1[g1] & ~shared
-        mapped2[g2] = c2[g2] & ~shared
-        # the distances of each shared contact in both structures, pair by pair (mapped grid order)
-        s1, s2 = d1[g1][shared], d2[g2][shared]
+    ncol = len(b1)
+
+    def grid(s: _QSChains, chains, rows, cols):
+        # (grid cell of each contact, -1 off the grid; distances)
+        code, d = s.contacts(*chains)
+        n_b = len(s.pos[chains[1]])
+        p, q = _positions(rows, code // n_b), _positions(cols, code % n_b)
+        return np.where((p >= 0) & (q >= 0), p * ncol + q, -1), d
+
+    g1, d1 = grid(ref, r_int, a1, b1)
+    g2, d2 = grid(mdl, m_int, a2, b2)
+    on1, on2 = g1[g1 >= 0], g2[g2 >= 0]
+    shared1 = (g1 >= 0) & np.isin(g1, on2)
+    shared2 = (g2 >= 0) & np.isin(g2, on1)
+    # the shared contacts in grid order in both structures (the grid cells are distinct)
+    s1 = d1[shared1][np.argsort(g1[shared1])]
+    s2 = d2[shared2][np.argsort(g2[shared2])]
     w = _w(np.minimum(s1, s2))
     weighted = float((w * (1.0 - np.abs(s1 - s2) / 12.0)).sum())
     wsum = float(w.sum())
-    extra_mapped = float(_w(d1[mapped1]).sum() + _w(d2[mapped2]).sum())
-    extra_all = float(_w(d1[c1 & ~shared1]).sum() + _w(d2[c2 & ~shared2]).sum())
+    extra_mapped = float(_w(d1[(g1 >= 0) & ~shared1]).sum() + _w(d2[(g2 >= 0) & ~shared2]).sum())
+    extra_all = float(_w(d1[~shared1]).sum() + _w(d2[~shared2]).sum())
     return weighted, wsum, extra_mapped, extra_all
 
 
@@ -178,16 +197,14 @@ def qs_score(ref: _QSChains, mdl: _QSChains, mapping: ChainMapping, memo: dict |
             tot += _qs_interface(ref, mdl, r_int, m_int, mapping, memo)
             done.add(frozenset(m_int))
         else:
-            d = ref.dist(*r_int)
-            tot[3] += _w(d[d < QS_CONTACT]).sum()
+            tot[3] += _w(ref.contacts(*r_int)[1]).sum()
     for m_int in mdl.interfaces:
         if frozenset(m_int) in done:
             continue
         if m_int[0] in back and m_int[1] in back:
             tot += _qs_interface(ref, mdl, (back[m_int[0]], back[m_int[1]]), m_int, mapping, memo)
         else:
-            d = mdl.dist(*m_int)
-            tot[3] += _w(d[d < QS_CONTACT]).sum()
+            tot[3] += _w(mdl.contacts(*m_int)[1]).sum()
     weighted, wsum, extra_mapped, extra_all = tot
     glob = weighted / (wsum + extra_all) if wsum + extra_all > 0 else float("nan")
     best = weighted / (wsum + extra_mapped) if wsum + extra_mapped > 0 else float("nan")
@@ -196,52 +213,6 @@ def qs_score(ref: _QSChains, mdl: _QSChains, mapping: ChainMapping, memo: dict |
 
 # --------------------------------------------------------------------------------------------------
 # DockQ
-
-
-def _contact_pairs(xyz, atoms1, atoms2, res_of, cutoff) -> np.ndarray:
-    """Distinct residue pairs (K, 2) int64, sorted, with any atom of ``atoms1`` within ``cutoff`` (<=) of
-    one of ``atoms2`` (heavy atoms given). One vectorised k-d tree pass (``sparse_distance_matrix``:
-    the pairs ``query_ball_tree`` finds, ties included) instead of a Python loop over atom pairs."""
-    from scipy.spatial import cKDTree
-
-    if len(atoms1) and len(atoms2):
-        # only atoms inside the other side's bounding box grown by the cutoff can be in contact (a
-        # chain's interface is a small part of it): smaller trees, the same pairs
-        x1, x2 = xyz[atoms1], xyz[atoms2]
-        pad = cutoff * (1 + 1e-9) + 1e-9
-        atoms1 = atoms1[((x1 >= x2.min(0) - pad) & (x1 <= x2.max(0) + pad)).all(1)]
-        x1 = xyz[atoms1]
-        if len(atoms1):
-            atoms2 = atoms2[((x2 >= x1.min(0) - pad) & (x2 <= x1.max(0) + pad)).all(1)]
-    if not len(atoms1) or not len(atoms2):
-        return np.zeros((0, 2), np.int64)
-    m = cKDTree(xyz[atoms1]).sparse_distance_matrix(cKDTree(xyz[atoms2]), cutoff, output_type="ndarray")
-    r1 = np.asarray(res_of[atoms1[m["i"]]], np.int64)
-    r2 = np.asarray(res_of[atoms2[m["j"]]], np.int64)
-    n = int(max(r1.max(initial=0), r2.max(initial=0))) + 1
-    code = r1 * n + r2
-    if n * n <= 1 << 22:  # a table of every residue pair (at most 4 MB): distinct and sorted in O(pairs)
-        seen = np.zeros(n * n, bool)
-        seen[code] = True
-        code = np.flatnonzero(seen)
-    else:
-        code = np.unique(code)
-    return np.stack([code // n, code % n], axis=1)
-
-
-def _contacts(xyz, atoms1, atoms2, res_of, cutoff) -> set:
-    """Residue pairs (r1, r2) with any atom pair closer than ``cutoff`` (heavy atoms given)."""
-    return set(map(tuple, _contact_pairs(xyz, atoms1, atoms2, res_of, cutoff).tolist()))
-
-
-def _near(xyz, atoms1, atoms2, res_of, cutoff) -> set:
-    """Residues of ``atoms1`` with any atom within ``cutoff`` of ``atoms2``."""
-    from scipy.spatial import cKDTree
-
-    if not len(atoms1) or not len(atoms2):
-        return set()
-    d, _ = cKDTree(xyz[atoms2]).query(xyz[atoms1], distance_upper_bound=cutoff)
-    return {int(r) for r in res_of[atoms1[d <= cutoff]]}
 
 
 def _bb_pairs(minfo, rinfo, mres, rres):
@@ -295,10 +266,13 @@ def _dockq_model_side(mdl_s, nat: _NativeInterface, mapping: ChainMapping, r1: s
 
 
 def _dockq_contacts(mdl_s, x, nat: _NativeInterface, mapping: ChainMapping, r1: str, r2: str,
-                    memo: dict | None = None) -> dict:
+                    memo: dict | None = None, found: dict | None = None, keep=None) -> dict:
     """fnat, fnonnat, nnat and nmdl of one model (coordinates ``x``, (N, 3)) at the reference interface
     (r1, r2): residue pairs with heavy atoms within 5 A, the model's residues read through the mapping.
-    ``memo`` as :func:`_qs_interface`."""
+    ``memo`` as :func:`_qs_interface`. ``found``: the inter-chain atom contacts the design-sanity
+    metrics found in the model before its clean-up (see :func:`~protgpu.complexes.sanity.sanity_of`);
+    used instead of a second search when they are at 5 A between the same atoms (``keep``: the atoms
+    of the model the clean-up kept, None for all)."""
     if memo is None:
         side = _dockq_model_side(mdl_s, nat, mapping, r1, r2)
     else:
@@ -306,12 +280,34 @@ def _dockq_contacts(mdl_s, x, nat: _NativeInterface, mapping: ChainMapping, r1: 
             memo["dockq", r1, r2] = _dockq_model_side(mdl_s, nat, mapping, r1, r2)
         side = memo["dockq", r1, r2]
     ma1, ma2, to_ref, atom_residue = side
-    found = to_ref[_contact_pairs(np.asarray(x, np.float64), ma1, ma2, atom_residue, DOCKQ_CONTACT)]
+    pairs = _shared_contacts(found, keep, mapping.chains[r1], mapping.chains[r2], ma1, ma2)
+    if pairs is None:
+        pairs = _contact_atoms(np.asarray(x, np.float64), ma1, ma2, DOCKQ_CONTACT)
+    found = to_ref[_residue_pairs(atom_residue[ma1[pairs[0]]], atom_residue[ma2[pairs[1]]])]
     mdl = set(map(tuple, found.tolist()))  # distinct: the mapping is one to one
     nnat = len(nat.native)
     return {"fnat": len(nat.native & mdl) / nnat if nnat else 0.0,
             "fnonnat": len(mdl - nat.native) / len(mdl) if mdl else 0.0,
             "nnat": float(nnat), "nmdl": float(len(mdl))}
+
+
+def _shared_contacts(found: dict | None, keep, c1: str, c2: str, ma1: np.ndarray, ma2: np.ndarray):
+    """The atom contacts (i, j) of model chains c1 and c2 at :data:`DOCKQ_CONTACT`, as positions in
+    ``ma1`` and ``ma2``, taken from ``found`` (the design-sanity search, see :func:`_dockq_contacts`):
+    None unless it searched at that cutoff between the very same atoms (same coordinates: the
+    contacts are the same pairs, so the counts are too)."""
+    if not found or found["cutoff"] != DOCKQ_CONTACT:
+        return None
+    atoms = found["atoms"]
+    if c1 not in atoms or c2 not in atoms:
+        return None
+    raw1, raw2 = (ma1, ma2) if keep is None else (keep[ma1], keep[ma2])
+    if not (np.array_equal(raw1, atoms[c1]) and np.array_equal(raw2, atoms[c2])):
+        return None
+    if (c1, c2) in found["pairs"]:
+        return found["pairs"][c1, c2]
+    j, i = found["pairs"][c2, c1]
+    return i, j
 
 
 def _dockq_rmsds(mdl_s, xs: np.ndarray, ref_s, nat: _NativeInterface, mapping: ChainMapping, r1: str, r2: str,
@@ -570,11 +566,14 @@ def _host(v) -> np.ndarray:
     return np.atleast_1d(np.asarray(to_numpy(v) if not np.isscalar(v) else v, np.float64))
 
 
-def host_scores(structure, mapping: ChainMapping, ref: ComplexReference, table: _ModelTable | None = None) -> dict:
+def host_scores(structure, mapping: ChainMapping, ref: ComplexReference, table: _ModelTable | None = None,
+                found: dict | None = None) -> dict:
     """The per-model parts of the scores, counted on the CPU (a parse worker can do them): QS_global and
     QS_best, and per reference interface (I,) fnat, fnonnat, nnat and nmdl (NaN where not mapped).
     ``table``: the model's :class:`_ModelTable` (from :func:`map_model`), whose memo keeps what depends
-    on the atom table and mapping only."""
+    on the atom table and mapping only. ``found``: the model's inter-chain atom contacts from its
+    design-sanity metrics (``sanity_of(..., found=)``, on the model before its clean-up), which DockQ's
+    contacts reuse where they are the same search (with ``table`` only)."""
     out: dict = {}
     memo = table.memo_of(mapping) if table is not None else {}
     if ref.qs is not None:
@@ -588,7 +587,9 @@ def host_scores(structure, mapping: ChainMapping, ref: ComplexReference, table: 
         parts = {p: np.full(len(ref.interfaces), np.nan) for p in ("fnat", "fnonnat", "nnat", "nmdl")}
         for i, (a, b) in enumerate(ref.interfaces):
             if a in mapping.chains and b in mapping.chains:
-                d = _dockq_contacts(structure, structure.coords[0], ref.native[a, b], mapping, a, b, memo)
+                d = _dockq_contacts(structure, structure.coords[0], ref.native[a, b], mapping, a, b, memo,
+                                     found if table is not None else None,
+                                     None if table is None else table.keep)
                 for p, v in d.items():
                     parts[p][i] = v
         out.update(parts)

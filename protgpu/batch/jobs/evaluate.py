@@ -121,7 +121,10 @@ class EvaluateJob(Job):
         conf = confidence_columns(frames[0], path, self.confidence)
         t2 = time.perf_counter()
         table = self._sanity_table(s, key)
-        rows = [{"model": n, **conf, **sanity_columns(f, table)} for n, f in zip(names, frames, strict=True)]
+        # each frame's interface atom contacts: DockQ's contacts below are the same search (found once)
+        found: list = [{} for _ in frames]
+        rows = [{"model": n, **conf, **sanity_columns(f, table, c)}
+                for n, f, c in zip(names, frames, found, strict=True)]
         t3 = time.perf_counter()
         structures, mappings, tables = [], [], []
         host: list = []
@@ -134,8 +137,8 @@ class EvaluateJob(Job):
                 tables.append(mt)
             t4 = time.perf_counter()
             # QS-score and the DockQ contacts are per model and CPU-bound: here, in the parse workers
-            host = [host_scores(cs, cm, self.reference, mt) for cs, cm, mt in zip(structures, mappings, tables,
-                                                                                   strict=True)]
+            host = [host_scores(cs, cm, self.reference, mt, c) for cs, cm, mt, c in zip(structures, mappings, tables,
+                                                                                         found, strict=True)]
             # the compute process needs only each model's batching key, not the table's caches
             keys = [group_key(cs, cm, mt) for cs, cm, mt in zip(structures, mappings, tables, strict=True)]
         else:
