@@ -188,3 +188,20 @@ def test_perturbed_chains_give_the_twins_pair(datasets, seed, start, length, noi
     finally:
         _fast.ENABLED = saved
     _assert_same_pair(fast, slow)
+
+
+# Two SCOPe pairs whose refinement meets exact ties: rounds (and stages) whose alignments differ only in
+# pairs beyond score_d8 score the same; TM-align keeps the first, and the compiled path once kept a later
+# one whose reordered sums came out an ulp higher (issues 17, 22). TM-align's scores from tmtools 0.3.0.
+TIE_PAIRS = [("d1twia1", "d3ssaa1", 0.18158503, 0.41335726), ("d1oksa1", "d2pmra1", 0.54264875, 0.39816965)]
+
+
+@pytest.mark.parametrize(("mobile", "target", "tm_mobile", "tm_target"), TIE_PAIRS, ids=lambda v: str(v))
+def test_exact_ties_keep_tmaligns_first_alignment(monkeypatch, datasets, mobile, target, tm_mobile, tm_target):
+    a = one_chain(str(datasets / "tmalign" / f"{mobile}.pdb"), "mobile")
+    b = one_chain(str(datasets / "tmalign" / f"{target}.pdb"), "target")
+    fast = twin.tm_align_pair(a.ca, b.ca, a.sequence, b.sequence)
+    slow = _twin(monkeypatch, lambda: twin.tm_align_pair(a.ca, b.ca, a.sequence, b.sequence))
+    for r in (fast, slow):
+        assert abs(r.tm_mobile - tm_mobile) < 1e-6 and abs(r.tm_target - tm_target) < 1e-6
+    _assert_same_pair(fast, slow)
