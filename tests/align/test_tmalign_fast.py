@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 pytest.importorskip("numba")
 
+from test_tmalign_kernel_host import _walk  # noqa: E402
+
 from protgpu.align import _dp, _search  # noqa: E402
 from protgpu.align import _fast as afast  # noqa: E402
 from protgpu.align import numpy_twin as twin  # noqa: E402
@@ -204,4 +206,16 @@ def test_exact_ties_keep_tmaligns_first_alignment(monkeypatch, datasets, mobile,
     slow = _twin(monkeypatch, lambda: twin.tm_align_pair(a.ca, b.ca, a.sequence, b.sequence))
     for r in (fast, slow):
         assert abs(r.tm_mobile - tm_mobile) < 1e-6 and abs(r.tm_target - tm_target) < 1e-6
+    _assert_same_pair(fast, slow)
+
+
+def test_exact_tie_of_two_random_walks(monkeypatch):
+    # stage 1's refined score equals its search's (alignments differing beyond score_d8): once TM 0.2174
+    # here against the twin's and TM-align's 0.2081 (tmtools 0.3.0 below)
+    x, y = _walk(131072, 60), _walk(131073, 62)
+    seq = "X" * len(x), "X" * len(y)
+    fast = twin.tm_align_pair(x, y, *seq)
+    slow = _twin(monkeypatch, lambda: twin.tm_align_pair(x, y, *seq))
+    for r in (fast, slow):
+        assert abs(r.tm_target - 0.208059017458821) < 1e-6 and abs(r.tm_mobile - 0.21194592436403153) < 1e-6
     _assert_same_pair(fast, slow)
