@@ -30,6 +30,12 @@ _jit, _jit_sum, _compile = _LOOPS.jit, _LOOPS.jit_sum, _LOOPS.compile
 
 _DIAG, _LEFT, _UP = 0, 1, 2  # _dp's traceback moves
 _MAX_ROUNDS = 20  # _search.MAX_ROUNDS (a compile-time constant here; a test checks they agree)
+# How much a refinement round's or a stage's score must beat the best so far to replace its alignment.
+# Alignments that differ only in pairs beyond score_d8 score exactly the same (those pairs add nothing
+# and are never fitted); TM-align's in-order sums give them equal bits and its strict > keeps the
+# first; the twin's sums happen to as well, but this path's reordered sums (and centring over every
+# pair) leave them an ulp apart, and a later equal alignment would win (docs/design/tm-align.md, ties).
+_TIE = 1e-12
 # Where the DP's cell scores come from: a given matrix, or computed on the fly from a superposition
 # (1 / (1 + d^2 / d0^2)), from secondary structure (1 for equal letters), or both (+0.5 for equal).
 _MATRIX, _TM, _SS, _TM_SS = 0, 1, 2, 3
@@ -638,7 +644,7 @@ def _refine(x, y, rot, trans, d0, d0_search, l_norm, d8, gap_a, n_gaps, max_iter
         for it in range(max_iter):
             _nw(np.int64(_TM), x, y, rot, trans, d0 * d0, none, none, smat, gap, work, m)
             score = _pair_search(x, y, m, d0, d0_search, l_norm, d8, sw, rot, trans)
-            if score > best:
+            if score > best + _TIE:  # an equal score is a tie: the first alignment stays
                 best = score
                 _copy(m, best_map)
             if it > 0 and abs(old - score) < 1e-6:
@@ -742,7 +748,7 @@ def _align_maps(x, y, xc, yc, secx, secy, d0, d0_search, d8, l_norm, dcu0, best)
         else:  # fragment gapless threading
             _frag_threading(x, xc, yc, y, dcu0, d0, d0_search, fw, fs, tmp, m)
         score = _pair_search(x, y, m, d0, d0_search, l_norm, d8, sw, rot, trans)
-        if score > tm_max:
+        if score > tm_max + _TIE:  # ties keep the earlier alignment, as in _refine
             tm_max = score
             _copy(m, best)
         gate = -np.inf if stage == 0 else tm_max * (0.2 if stage == 1 else ddcc)
@@ -751,7 +757,7 @@ def _align_maps(x, y, xc, yc, secx, secy, d0, d0_search, d8, l_norm, dcu0, best)
             max_iter = 2 if stage == 2 or stage == 4 else 30
             score = _refine(x, y, rot, trans, d0, d0_search, l_norm, d8, -0.6, n_gaps, max_iter, work, sw,
                             tmp, rbest)
-            if score > tm_max:
+            if score > tm_max + _TIE:
                 tm_max = score
                 _copy(rbest, best)
 

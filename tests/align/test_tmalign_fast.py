@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 pytest.importorskip("numba")
 
+from test_tmalign_kernel_host import _walk  # noqa: E402
+
 from protgpu.align import _dp, _search  # noqa: E402
 from protgpu.align import _fast as afast  # noqa: E402
 from protgpu.align import numpy_twin as twin  # noqa: E402
@@ -187,4 +189,33 @@ def test_perturbed_chains_give_the_twins_pair(datasets, seed, start, length, noi
         slow = twin.tm_align_pair(x, y, *seq)
     finally:
         _fast.ENABLED = saved
+    _assert_same_pair(fast, slow)
+
+
+# Two SCOPe pairs whose refinement meets exact ties: rounds (and stages) whose alignments differ only in
+# pairs beyond score_d8 score the same; TM-align keeps the first, and the compiled path once kept a later
+# one whose reordered sums came out an ulp higher (issues 17, 22). TM-align's scores from tmtools 0.3.0.
+TIE_PAIRS = [("d1twia1", "d3ssaa1", 0.18158503, 0.41335726), ("d1oksa1", "d2pmra1", 0.54264875, 0.39816965)]
+
+
+@pytest.mark.parametrize(("mobile", "target", "tm_mobile", "tm_target"), TIE_PAIRS, ids=lambda v: str(v))
+def test_exact_ties_keep_tmaligns_first_alignment(monkeypatch, datasets, mobile, target, tm_mobile, tm_target):
+    a = one_chain(str(datasets / "tmalign" / f"{mobile}.pdb"), "mobile")
+    b = one_chain(str(datasets / "tmalign" / f"{target}.pdb"), "target")
+    fast = twin.tm_align_pair(a.ca, b.ca, a.sequence, b.sequence)
+    slow = _twin(monkeypatch, lambda: twin.tm_align_pair(a.ca, b.ca, a.sequence, b.sequence))
+    for r in (fast, slow):
+        assert abs(r.tm_mobile - tm_mobile) < 1e-6 and abs(r.tm_target - tm_target) < 1e-6
+    _assert_same_pair(fast, slow)
+
+
+def test_exact_tie_of_two_random_walks(monkeypatch):
+    # stage 1's refined score equals its search's (alignments differing beyond score_d8): once TM 0.2174
+    # here against the twin's and TM-align's 0.2081 (tmtools 0.3.0 below)
+    x, y = _walk(131072, 60), _walk(131073, 62)
+    seq = "X" * len(x), "X" * len(y)
+    fast = twin.tm_align_pair(x, y, *seq)
+    slow = _twin(monkeypatch, lambda: twin.tm_align_pair(x, y, *seq))
+    for r in (fast, slow):
+        assert abs(r.tm_target - 0.208059017458821) < 1e-6 and abs(r.tm_mobile - 0.21194592436403153) < 1e-6
     _assert_same_pair(fast, slow)
