@@ -167,7 +167,7 @@ __device__ TA_NOINLINE double ta_refine(TaPair& P, double* R, double* t, const d
             ta_transform(P, P.blk, 0, R, t);
             ta_nw(P, P.blk, 0, TA_DP_TM, d0sq, gaps[g], P.map_t);
             const double score = ta_detailed(P, P.map_t, R, t);
-            if (score > best) {
+            if (score > best + TA_TIE) {  // an equal score is a tie: the first alignment stays
                 best = score;
                 ta_copy_map(P, P.map_t, P.map_r);
             }
@@ -382,7 +382,7 @@ __device__ TA_NOINLINE void ta_align_maps(TaPair& P) {
     const int l1 = P.l1, l2 = P.l2;
     double tm_max = -1.0, R[9], t[3], score;
     auto keep = [&](double sc, const int* map) {
-        if (sc > tm_max) {
+        if (sc > tm_max + TA_TIE) {
             tm_max = sc;
             ta_copy_map(P, map, P.map_best);
         }

@@ -46,6 +46,10 @@
 #endif
 #define TA_NWARPS ((TA_NTHREADS + TA_WARP - 1) / TA_WARP)
 #define TA_RED_MAX 16  // most values one team reduction sums at once
+// How much a refinement round's or a stage's score must beat the best to replace its alignment (the CPU
+// path's _fast._TIE): alignments that differ only in pairs beyond score_d8 score the same, and TM-align
+// keeps the first; sums in another order than TM-align's leave them an ulp apart.
+#define TA_TIE 1e-12
 #ifdef TMALIGN_HOST
 #define TA_INF HUGE_VAL
 #else

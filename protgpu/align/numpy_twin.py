@@ -254,7 +254,7 @@ def refine(x, y, rot, trans, p: SearchParameters, gaps=(-0.6, 0.0), max_iter: in
         for it in range(max_iter):
             y2x = nw_align(tm_scores_matrix(x, y, rot[None], trans[None], p.d0), gap)[0]
             score, rot, trans = detailed_search(x, y, y2x, p)
-            if score > best:
+            if score > best + _fast._TIE:  # an equal score is a tie: the first alignment stays, as TM-align
                 best, best_map = score, y2x
             if it > 0 and abs(old - score) < 1e-6:
                 break
@@ -287,7 +287,7 @@ def align_maps(x, y, sec_x: str, sec_y: str, p: SearchParameters) -> np.ndarray:
 
     def keep(score, y2x):
         nonlocal tm_max, best
-        if score > tm_max:
+        if score > tm_max + _fast._TIE:
             tm_max, best = score, y2x
 
     ddcc = 0.1 if p.l_norm <= 40 else 0.4

@@ -101,6 +101,9 @@ def test_seeds_and_rounds_are_the_twins():
             c = afast._seeds(n, step, out)
             assert np.array_equal(out[:c], _search.seeds(n, step)), (n, step)
     assert afast._MAX_ROUNDS == _search.MAX_ROUNDS
+    # the kernel's tie margin is the CPU path's
+    src = (Path(__file__).resolve().parents[2] / "kernels" / "tmalign_team.cuh").read_text()
+    assert f"#define TA_TIE {afast._TIE:g}" in src
 
 
 @pytest.mark.parametrize("step", [1, 40])
