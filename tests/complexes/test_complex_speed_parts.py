@@ -16,12 +16,6 @@ from protgpu.complexes import sanity as sa
 from protgpu.complexes import scores as sc
 
 
-@pytest.fixture(scope="module")
-def eud(datasets):
-    d = datasets / "openstructure"
-    return d / "1eud_mdl_partial-dimer.pdb", d / "1eud_ref.pdb"
-
-
 def _noisy(path, n: int, scale: float, seed: int) -> list:
     m = pg.load(path)
     rng = np.random.default_rng(seed)

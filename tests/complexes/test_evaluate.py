@@ -33,12 +33,6 @@ def _rows(path):
 
 
 @pytest.fixture(scope="module")
-def eud(datasets):
-    d = datasets / "openstructure"
-    return d / "1eud_mdl_partial-dimer.pdb", d / "1eud_ref.pdb"
-
-
-@pytest.fixture(scope="module")
 def perturbed(eud):
     """Three noisy copies of the 1eud model (one atom table): (M, N, 3) coordinates and the Structure."""
     m = pg.load(eud[0])

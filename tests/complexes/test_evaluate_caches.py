@@ -18,12 +18,6 @@ from protgpu.complexes.sanity import SanityTopology, design_sanity, sanity_of
 
 
 @pytest.fixture(scope="module")
-def eud(datasets):
-    d = datasets / "openstructure"
-    return d / "1eud_mdl_partial-dimer.pdb", d / "1eud_ref.pdb"
-
-
-@pytest.fixture(scope="module")
 def noisy(eud):
     """Four noisy copies of the 1eud model, one atom table, as separate one-frame Structures."""
     m = pg.load(eud[0])

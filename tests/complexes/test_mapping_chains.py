@@ -28,12 +28,6 @@ def _homodimer(datasets, tmp_path, *, swap: bool, shift: float = 40.0, name: str
     return path
 
 
-@pytest.fixture(scope="module")
-def eud(datasets):
-    d = datasets / "openstructure"
-    return d / "1eud_mdl_partial-dimer.pdb", d / "1eud_ref.pdb"
-
-
 def test_1eud_chains_and_residues(eud):
     model, ref = eud
     m = pg.map_chains(model, ref)
