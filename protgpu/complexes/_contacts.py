@@ -68,8 +68,8 @@ def _contact_atoms(xyz, atoms1, atoms2, cutoff) -> tuple[np.ndarray, np.ndarray]
         x2 = np.ascontiguousarray(xyz[atoms2], np.float64)
         lo, hi = _bounds(x2)
         edge = _grown(cutoff)  # cells of edge >= cutoff: the 27 around an atom's hold every partner
-        dims = np.floor((hi - lo) / edge).astype(np.int64) + 1
-        if float(np.prod(dims.astype(np.float64))) <= 8 * len(x2) + 4096:
+        dims = _fast.cell_grid(lo, hi, len(x2), edge)
+        if dims is not None:
             r2 = float(cutoff) * float(cutoff)
             i, j, unsure = _contact_cells(x1, x2, r2 * (1 - 1e-9), r2 * (1 + 1e-9), lo, edge, dims)
             if unsure.any():
@@ -155,10 +155,10 @@ def clash_candidates(x: np.ndarray, res: np.ndarray, chain_code: np.ndarray, sg:
         _LOOPS.compile()
         x = np.ascontiguousarray(x, np.float64)
         lo, hi = _bounds(x)
-        # cells of edge r: the 27 around an atom's hold every partner
-        dims = np.floor((hi - lo) / r).astype(np.int64) + 1
-        # (a grid much sparser than the atoms, parts far apart: the k-d tree, as lDDT's pairs_within)
-        if float(np.prod(dims.astype(np.float64))) <= 8 * len(x) + 4096:
+        # cells of edge r: the 27 around an atom's hold every partner (a grid much sparser than the
+        # atoms, parts far apart: the k-d tree, as lDDT's pairs_within)
+        dims = _fast.cell_grid(lo, hi, len(x), r)
+        if dims is not None:
             return _clash_cells(x, r, np.ascontiguousarray(res, np.int64),
                                 np.ascontiguousarray(chain_code, np.int64), np.ascontiguousarray(sg, np.bool_),
                                 lo, r, dims)

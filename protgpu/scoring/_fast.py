@@ -734,7 +734,16 @@ def pairs_within(y: np.ndarray, radius: float) -> np.ndarray | None:
     if len(y) <= _ALL_PAIRS_MAX:
         return _pairs_all(y, float(radius))
     lo = y.min(axis=0)
-    dims = np.maximum(np.floor((y.max(axis=0) - lo) / radius).astype(np.int64) + 1, 1)
-    if float(np.prod(dims.astype(np.float64))) > 8 * len(y) + 4096:
+    dims = cell_grid(lo, y.max(axis=0), len(y), radius)
+    if dims is None:
         return None
     return _pairs_cells(y, float(radius), lo, dims)
+
+
+def cell_grid(lo, hi, n: int, edge: float):
+    """Cells per axis (int64 (3,)) of a grid of cells of edge ``edge`` (Angstrom) over the box [lo, hi]
+    of ``n`` points, or None when the grid would be much sparser than the points (parts far apart: a
+    k-d tree is the better search then). The one rule of every compiled cell list (lDDT's pairs, the
+    complexes' clash and contact searches)."""
+    dims = np.floor((np.asarray(hi) - np.asarray(lo)) / edge).astype(np.int64) + 1
+    return dims if float(np.prod(dims.astype(np.float64))) <= 8 * n + 4096 else None
