@@ -28,6 +28,7 @@ struct TaShared {
     int wseed[TA_NWARPS];
     double wrt[TA_NWARPS * 12];
     int ival[4];
+    int prog[TA_NWARPS];  // the block DP: cells published by each warp's current strip (ta_nw)
 };
 
 // One pair's inputs, parameters and workspace (a slice of the launch's global workspace).
@@ -56,11 +57,12 @@ __device__ __forceinline__ long long ta_round8(long long v) { return (v + 7) & ~
 __device__ long long ta_layout(int l1, int l2, int nwarps, unsigned char* base, TaPair* P) {
     const int lm = l1 < l2 ? l1 : l2;
     long long off = 0;
-    // per warp: the DP's buffers (xt, dv, pv, moves: the local fragment stage runs one DP per warp; the
-    // block's DPs use warp 0's), distances and selections, and two alignment maps
+    // per warp: the DP's buffers (xt, dv, pv: a strip's last row, moves: the local fragment stage runs
+    // one DP per warp; the block's DPs use warp 0's xt and moves and every warp's row), distances and
+    // selections, and two alignment maps
     const long long nw = nwarps;
     const long long nd[9] = {3LL * l1, 3LL * l2, nw * 3 * l1, 3LL * lm, 3LL * lm, 3LL * lm, 3LL * lm,
-                             nw * 3 * (l1 + 1), nw * l2};
+                             nw * (l2 + 1), nw * l2};
     const long long ni[6] = {l2, l2, l2, l2, nw * l2, nw * l2};
     double** dp[9] = {0};
     int** ip[6] = {0};
@@ -81,7 +83,7 @@ __device__ long long ta_layout(int l1, int l2, int nwarps, unsigned char* base, 
         if (P) *ip[k] = (int*)(base + off);
         off += ta_round8(4LL * ni[k]);
     }
-    const long long nb[5] = {l1, l2, nw * 2 * (l1 + 1), 2LL * nw * l2, nw * (l1 + 1) * (l2 + 1)};
+    const long long nb[5] = {l1, l2, nw * (l2 + 1), 2LL * nw * l2, nw * (l1 + 1) * (l2 + 1)};
     for (int k = 0; k < 5; ++k) {
         if (P) *bp[k] = base + off;
         off += ta_round8(nb[k]);
@@ -139,15 +141,6 @@ __device__ TA_NOINLINE void ta_transform(TaPair& P, const Team& tm, int w, const
     tm.sync();
 }
 
-// _dp.tm_scores_matrix's cell: 1 / (1 + d^2 / d0^2) between superposed mobile i (in xt) and target j.
-__device__ __forceinline__ double ta_tm_cell(const TaPair& P, const double* xt, int i, int j, double d0sq) {
-    const double* a = xt + 3 * i;
-    const double* b = P.y + 3 * j;
-    const double e0 = a[0] - b[0], e1 = a[1] - b[1], e2 = a[2] - b[2];
-    const double d2 = TA_ADD(TA_ADD(TA_MUL(e0, e0), TA_MUL(e1, e1)), TA_MUL(e2, e2));
-    return 1.0 / (1.0 + d2 / d0sq);
-}
-
 // _dp.nw_align for one problem: Needleman-Wunsch with free end gaps, gap_open charged when a gap
 // opens after an aligned pair; ties: the diagonal when it is >= both gap moves, else the move along
 // the target (j - 1) when it is >= the move along the mobile chain. score(i, j) for 0-based residues.
@@ -157,74 +150,143 @@ __device__ __forceinline__ double ta_tm_cell(const TaPair& P, const double* xt, 
 #define TA_DP_TM 0
 #define TA_DP_SS 1
 #define TA_DP_TM_SS 2
-// The team (the block, or one warp) uses the DP buffers of slot `slot` (warp 0's for the block).
+//
+// Work split: strips of S rows (S = the warp's lanes), lane l of a strip on row i = strip * S + l + 1,
+// sweeping the target with a skew (step s: column j = s - l + 1). The cell above and the one diagonally
+// above-left come from lane l - 1 by a shuffle (its value of the last step, and the one before); lane 0
+// reads them from the row the previous strip's last lane left in a row buffer. No barrier inside a
+// strip. The block's DP gives strip k to warp k mod W (W = the block's warps): strip k writes its last
+// row into warp (k mod W)'s row buffer and publishes every S columns (sh->prog, a monotone count), strip
+// k + 1 waits for the S columns it reads next; a buffer is rewritten only by strip k + W, which reads
+// (through the chain of strips between) only after strip k + 1 has read it. Every cell is the same
+// expression as the twin's in the same order, so the bits (and the tie decisions) are the twin's.
+// Moves are stored skewed, cell (i, j) at ((i + j) mod (L2 + 1)) * (L1 + 1) + i: one step of a warp
+// writes consecutive bytes.
+__device__ __forceinline__ long long ta_move_at(int i, int j, int l1, int l2) {
+    return (long long)((i + j) % (l2 + 1)) * (l1 + 1) + i;
+}
+
+// One warp's strips of the DP (strips q, q + nw, ...; nw = 1: the warp does them all).
+__device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int nw, int slot, int kind, double d0sq,
+                                         double gap) {
+    const int l1 = P.l1, l2 = P.l2, S = wp.size, lane = wp.rank, w = l2 + 1;
+    const double* xt = P.xt + 3LL * slot * l1;
+    unsigned char* moves = P.moves + (long long)slot * (l1 + 1) * (l2 + 1);
+    int* prog = P.sh->prog;
+    for (int st = q; st * S < l1; st += nw) {
+        const int i = st * S + lane + 1;
+        const bool row = i <= l1;
+        const int mine = nw > 1 ? q : slot, prev = nw > 1 ? (q + nw - 1) % nw : slot;
+        double* my_h = P.dv + (long long)mine * w;
+        unsigned char* my_p = P.pv + (long long)mine * w;
+        const double* up_h = P.dv + (long long)prev * w;
+        const unsigned char* up_p = P.pv + (long long)prev * w;
+        const int need_base = (st - 1) * w, pub_base = st * w;
+        double own = 0.0, diag = 0.0, chunk_h = 0.0;  // H(i, j - 1); H(i - 1, j - 1); the row above
+        int own_p = 0, chunk_p = 0;
+        const double* y = P.y;
+        const double* a = xt + 3 * (row ? i - 1 : 0);
+        const double a0 = a[0], a1 = a[1], a2 = a[2];
+        const unsigned char sx = P.secx[row ? i - 1 : 0];
+        // c = s mod S; kd = (i + j) mod (L2 + 1), the skewed column of this step's cells (all lanes')
+        for (int s = 0, c = 0, kd = (st * S + 2) % w; s < l2 + S - 1;
+             ++s, c = c + 1 == S ? 0 : c + 1, kd = kd + 1 == w ? 0 : kd + 1) {
+            const int j = s - lane + 1;
+            if (c == 0) {  // the next S columns of the row above: lane r holds column s + 1 + r
+                chunk_h = 0.0;
+                chunk_p = 0;
+                const int col = s + 1 + lane;
+                if (st > 0) {
+                    if (nw > 1) {
+                        const int need = need_base + (s + S < l2 ? s + S : l2);
+                        while (TA_FLAG_LOAD(prog + prev) < need) TA_SPIN();
+#ifndef TMALIGN_HOST
+                        __threadfence_block();
+#endif
+                    }
+                    if (col <= l2) {
+                        chunk_h = ((volatile const double*)up_h)[col];
+                        chunk_p = ((volatile const unsigned char*)up_p)[col];
+                    }
+                }
+            }
+            double uh = own;  // H(i - 1, j) and its move from lane - 1
+            int up = own_p;
+            wp.shfl_up(uh, up);
+            const double rh = wp.shfl(chunk_h, c);
+            const int rp = wp.shfl(chunk_p, c);
+            if (lane == 0) {
+                uh = rh;
+                up = rp;
+            }
+            if (row && j >= 1 && j <= l2) {
+                double sc;
+                const double ss = sx == P.secy[j - 1] ? 1.0 : 0.0;
+                if (kind == TA_DP_SS) {
+                    sc = ss;
+                } else {
+                    const double* b = y + 3 * (j - 1);
+                    const double e0 = a0 - b[0], e1 = a1 - b[1], e2 = a2 - b[2];
+                    const double d2 = TA_ADD(TA_ADD(TA_MUL(e0, e0), TA_MUL(e1, e1)), TA_MUL(e2, e2));
+                    sc = 1.0 / (1.0 + d2 / d0sq);
+                    if (kind == TA_DP_TM_SS) sc = TA_ADD(sc, 0.5 * ss);
+                }
+                const double d = diag + sc;
+                const double h = uh + (up ? gap : 0.0);  // from (i - 1, j)
+                const double v = own + (own_p ? gap : 0.0);  // from (i, j - 1)
+                unsigned char m;
+                if (d >= h && d >= v) {
+                    own = d;
+                    m = 0;
+                } else if (v >= h) {
+                    own = v;
+                    m = 1;
+                } else {
+                    own = h;
+                    m = 2;
+                }
+                own_p = m == 0;
+                moves[(long long)kd * (l1 + 1) + i] = m;
+                if (lane == S - 1) {
+                    my_h[j] = own;
+                    my_p[j] = (unsigned char)own_p;
+                    if (nw > 1 && (j % S == 0 || j == l2)) TA_FLAG_STORE(prog + q, pub_base + j);
+                }
+            }
+            diag = uh;
+        }
+        wp.sync();  // one warp alone: its next strip reads this strip's row
+    }
+}
+
+// The team (the block, or one warp: its own slot) runs the DP; the block's uses slot 0's xt and moves.
+__device__ __forceinline__ bool ta_is_block(const TaBlock&) { return true; }
+__device__ __forceinline__ bool ta_is_block(const TaWarp&) { return false; }
+
 template <class Team>
 __device__ TA_NOINLINE void ta_nw(TaPair& P, const Team& b, int slot, int kind, double d0sq, double gap, int* j2i) {
-    const int l1 = P.l1, l2 = P.l2, w = l2 + 1;
-    const double* xt = P.xt + 3LL * slot * l1;
-    auto score = [&](int i, int j) -> double {
-        const double ss = P.secx[i] == P.secy[j] ? 1.0 : 0.0;
-        if (kind == TA_DP_SS) return ss;
-        const double s = ta_tm_cell(P, xt, i, j, d0sq);
-        return kind == TA_DP_TM ? s : TA_ADD(s, 0.5 * ss);
-    };
-    double* va = P.dv + 3LL * slot * (l1 + 1);  // diagonal k - 2
-    double* vb = va + (l1 + 1);  // k - 1
-    double* vc = va + 2 * (l1 + 1);  // k
-    unsigned char* pb = P.pv + 2LL * slot * (l1 + 1);  // k - 1 took the diagonal move
-    unsigned char* pc = pb + (l1 + 1);
-    unsigned char* moves = P.moves + (long long)slot * (l1 + 1) * (l2 + 1);
+    const int l1 = P.l1, l2 = P.l2;
     const long long t0 = TA_CLOCK();
-    for (int i = b.rank; i <= l1; i += b.size) {
-        va[i] = vb[i] = 0.0;
-        pb[i] = 0;
-    }
+    const bool block = ta_is_block(b) && TA_NWARPS > 1;
     for (int j = b.rank; j < l2; j += b.size) j2i[j] = -1;
-    b.sync();
-    for (int k = 2; k <= l1 + l2; ++k) {
-        const int lo = k - l2 > 1 ? k - l2 : 1, hi = l1 < k - 1 ? l1 : k - 1;
-        for (int i = b.rank; i <= l1; i += b.size) {
-            if (i < lo || i > hi) {
-                vc[i] = 0.0;
-                pc[i] = 0;
-                continue;
-            }
-            const int j = k - i;
-            const double d = va[i - 1] + score(i - 1, j - 1);
-            const double h = vb[i - 1] + (pb[i - 1] ? gap : 0.0);  // from (i - 1, j)
-            const double v = vb[i] + (pb[i] ? gap : 0.0);  // from (i, j - 1)
-            unsigned char m;
-            if (d >= h && d >= v) {
-                vc[i] = d;
-                m = 0;
-            } else if (v >= h) {
-                vc[i] = v;
-                m = 1;
-            } else {
-                vc[i] = h;
-                m = 2;
-            }
-            pc[i] = m == 0;
-            moves[(long long)i * w + j] = m;
-        }
+    if (block) {
+        for (int v = b.rank; v < TA_NWARPS; v += b.size) P.sh->prog[v] = -1;
         b.sync();
-        double* tv = va;
-        va = vb;
-        vb = vc;
-        vc = tv;
-        unsigned char* tp = pb;
-        pb = pc;
-        pc = tp;
+        ta_nw_strips(P, P.wp, P.blk.warp, TA_NWARPS, 0, kind, d0sq, gap);
+    } else {
+        ta_nw_strips(P, P.wp, 0, 1, slot, kind, d0sq, gap);
     }
+    b.sync();
+    const unsigned char* moves = P.moves + (long long)slot * (l1 + 1) * (l2 + 1);
     if (b.rank == 0) {
         int i = l1, j = l2;
         while (i > 0 && j > 0) {
-            const unsigned char m = moves[(long long)i * w + j];
+            const unsigned char m = moves[ta_move_at(i, j, l1, l2)];
             if (m == 0) j2i[j - 1] = i - 1;
             if (m != 1) --i;
             if (m != 2) --j;
         }
     }
     b.sync();
-    if (b.size == P.blk.size) ta_prof(P, TA_PROF_DP, t0);  // the block's DPs (the warps' are in their stage)
+    if (ta_is_block(b)) ta_prof(P, TA_PROF_DP, t0);  // the block's DPs (the warps' are in their stage)
 }

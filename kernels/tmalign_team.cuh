@@ -73,6 +73,7 @@ __device__ __forceinline__ void ta_merge3(double& a, double& b, double& c, doubl
 #if defined(TMALIGN_HOST) && defined(TMALIGN_HOST_THREADS)
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 
 struct TaBarrier {  // a reusable barrier of n threads (generation count)
     int n = 0, waiting = 0;
@@ -133,7 +134,30 @@ struct TaHostTeam {
         sums(&d, 1);
         return d > 0.0;
     }
+    // shfl_up: (h, p) of the member one rank below (the lowest keeps its own); shfl: v of member src.
+    void shfl_up(double& h, int& p) const {
+        double* x = hs->xch[base + rank];
+        x[0] = h;
+        x[1] = p;
+        bar->wait();
+        if (rank > 0) {
+            h = hs->xch[base + rank - 1][0];
+            p = (int)hs->xch[base + rank - 1][1];
+        }
+        bar->wait();
+    }
+    double shfl(double v, int src) const {
+        hs->xch[base + rank][0] = v;
+        bar->wait();
+        v = hs->xch[base + src][0];
+        bar->wait();
+        return v;
+    }    int shfl(int v, int src) const { return (int)shfl((double)v, src); }
 };
+// The DP's progress flags between warps (tmalign_pair.cuh): release / acquire.
+#define TA_FLAG_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define TA_FLAG_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define TA_SPIN() std::this_thread::yield()
 
 struct TaWarp : TaHostTeam {};
 struct TaBlock : TaHostTeam {
@@ -149,7 +173,13 @@ struct TaWarp {
     void sums(double*, int) const {}
     void min3(double&, double&, double&) const {}
     int any(int v) const { return v; }
+    void shfl_up(double&, int&) const {}
+    double shfl(double v, int) const { return v; }
+    int shfl(int v, int) const { return v; }
 };
+#define TA_FLAG_STORE(p, v) (*(p) = (v))
+#define TA_FLAG_LOAD(p) (*(p))
+#define TA_SPIN()
 
 struct TaShared;
 struct TaBlock {
@@ -187,7 +217,18 @@ struct TaWarp {
     }
     __device__ void min3(double& a, double& b, double& c) const { ta_warp_min3(a, b, c); }
     __device__ int any(int v) const { return __any_sync(0xffffffffu, v); }
+    __device__ void shfl_up(double& h, int& p) const {
+        h = __shfl_up_sync(0xffffffffu, h, 1);
+        p = __shfl_up_sync(0xffffffffu, p, 1);
+    }
+    __device__ double shfl(double v, int src) const { return __shfl_sync(0xffffffffu, v, src); }
+    __device__ int shfl(int v, int src) const { return __shfl_sync(0xffffffffu, v, src); }
 };
+// The DP's progress flags between the warps of a block (tmalign_pair.cuh): the producer's writes are
+// fenced before its flag; the consumer fences after seeing it.
+#define TA_FLAG_STORE(p, v) (__threadfence_block(), *(volatile int*)(p) = (v))
+#define TA_FLAG_LOAD(p) (*(volatile const int*)(p))
+#define TA_SPIN()
 
 struct TaBlock {
     int rank, size, warp, lane;

@@ -50,9 +50,9 @@ def workspace_bytes(l1: int, l2: int, nwarps: int = THREADS // 32) -> int:
         return (v + 7) // 8 * 8
 
     w = nwarps
-    doubles = [3 * l1, 3 * l2, w * 3 * l1, 3 * lm, 3 * lm, 3 * lm, 3 * lm, w * 3 * (l1 + 1), w * l2]
+    doubles = [3 * l1, 3 * l2, w * 3 * l1, 3 * lm, 3 * lm, 3 * lm, 3 * lm, w * (l2 + 1), w * l2]
     ints = [l2, l2, l2, l2, w * l2, w * l2]
-    nbytes = [l1, l2, w * 2 * (l1 + 1), 2 * w * l2, w * (l1 + 1) * (l2 + 1)]
+    nbytes = [l1, l2, w * (l2 + 1), 2 * w * l2, w * (l1 + 1) * (l2 + 1)]
     return sum(r8(8 * d) for d in doubles) + sum(r8(4 * i) for i in ints) + sum(r8(b) for b in nbytes)
 
 
