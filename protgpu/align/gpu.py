@@ -39,17 +39,17 @@ def defines() -> dict:
     return {"TA_THREADS": THREADS, "TA_MIN_BLOCKS": MIN_BLOCKS}
 
 
-def workspace_bytes(l1: int, l2: int, nwarps: int = THREADS // 32) -> int:
+def workspace_bytes(l1: int, l2: int, nwarps: int | None = None) -> int:
     """Bytes of global workspace one pair of L1 and L2 residues takes (the kernel's ``ta_layout``):
     coordinate copies and per-warp scratch (float64), alignment maps (int32), secondary structure, and
     per warp the DP's buffers, its selections and its traceback, (L1 + 1)(L2 + 1) bytes (the local
     fragment stage runs one DP per warp)."""
     lm = min(l1, l2)
+    w = THREADS // 32 if nwarps is None else nwarps  # THREADS read now: a sweep may set it
 
     def r8(v):
         return (v + 7) // 8 * 8
 
-    w = nwarps
     doubles = [3 * l1, 3 * l2, w * 3 * l1, 3 * lm, 3 * lm, 3 * lm, 3 * lm, w * (l2 + 1), w * l2]
     ints = [l2, l2, l2, l2, w * l2, w * l2]
     nbytes = [l1, l2, w * (l2 + 1), 2 * w * l2, w * (l1 + 1) * (l2 + 1)]

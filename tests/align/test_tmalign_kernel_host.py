@@ -46,11 +46,14 @@ def lib(tmp_path_factory):
     return _build(tmp_path_factory)
 
 
-@pytest.fixture(scope="module")
-def lib_threads(tmp_path_factory):
-    """The kernel as a block of 12 concurrent threads in 3 "warps" of 4: strided loops, team reductions
-    and barriers as on the GPU (a missing barrier changes results here)."""
-    return _build(tmp_path_factory, "-DTMALIGN_HOST_THREADS=12", "-DTMALIGN_HOST_WARP=4", "-pthread")
+@pytest.fixture(scope="module", params=[(12, 4), (4, 4), (8, 4)], ids=["3warps", "1warp", "2warps"])
+def lib_threads(tmp_path_factory, request):
+    """The kernel as a block of concurrent threads in "warps" of 4: strided loops, team reductions,
+    barriers and the DP's shuffles and progress flags as on the GPU (a missing barrier changes results
+    here). Three warps (the block's DP pipelines its strips over them), one warp (TA_THREADS = 32: the
+    block is one warp), two (an even count)."""
+    n, w = request.param
+    return _build(tmp_path_factory, f"-DTMALIGN_HOST_THREADS={n}", f"-DTMALIGN_HOST_WARP={w}", "-pthread")
 
 
 def host_align(so, mobile, target, pairs=None, l_norms=None):
