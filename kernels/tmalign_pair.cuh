@@ -29,6 +29,7 @@ struct TaShared {
     double wrt[TA_NWARPS * 12];
     int ival[4];
     int prog[TA_NWARPS];  // the block DP: cells published by each warp's current strip (ta_nw)
+    unsigned char tb[TA_NWARPS * 2 * TA_WARP * TA_WARP];  // each warp's traceback window (ta_traceback)
 };
 
 // One pair's inputs, parameters and workspace (a slice of the launch's global workspace).
@@ -162,10 +163,6 @@ __device__ TA_NOINLINE void ta_transform(TaPair& P, const Team& tm, int w, const
 // expression as the twin's in the same order, so the bits (and the tie decisions) are the twin's.
 // Moves are stored skewed, cell (i, j) at ((i + j) mod (L2 + 1)) * (L1 + 1) + i: one step of a warp
 // writes consecutive bytes.
-__device__ __forceinline__ long long ta_move_at(int i, int j, int l1, int l2) {
-    return (long long)((i + j) % (l2 + 1)) * (l1 + 1) + i;
-}
-
 // One warp's strips of the DP (strips q, q + nw, ...; nw = 1: the warp does them all).
 __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int nw, int slot, int kind, double d0sq,
                                          double gap) {
@@ -184,7 +181,8 @@ __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int
         const int need_base = (st - 1) * w, pub_base = st * w;
         double own = 0.0, diag = 0.0, chunk_h = 0.0;  // H(i, j - 1); H(i - 1, j - 1); the row above
         int own_p = 0, chunk_p = 0;
-        const double* y = P.y;
+        const double* y = P.y;  // (locals: the stores through char pointers below may alias P)
+        const unsigned char* secy = P.secy;
         const double* a = xt + 3 * (row ? i - 1 : 0);
         const double a0 = a[0], a1 = a[1], a2 = a[2];
         const unsigned char sx = P.secx[row ? i - 1 : 0];
@@ -221,7 +219,7 @@ __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int
             }
             if (row && j >= 1 && j <= l2) {
                 double sc;
-                const double ss = sx == P.secy[j - 1] ? 1.0 : 0.0;
+                const double ss = sx == secy[j - 1] ? 1.0 : 0.0;
                 if (kind == TA_DP_SS) {
                     sc = ss;
                 } else {
@@ -260,6 +258,41 @@ __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int
 }
 
 // The team (the block, or one warp: its own slot) runs the DP; the block's uses slot 0's xt and moves.
+// The DP's traceback on one warp (S lanes). From (i, j) the path runs through diagonals i + j, i + j - 1,
+// ... and rows i, i - 1, ...: the warp loads the window of 2S diagonals by S rows ending at (i, j) into
+// shared memory (lane q: diagonals k - q and k - S - q, each S consecutive bytes of the skewed moves),
+// then lane 0 walks it until the path leaves it; one round trip to memory per 16 to 32 steps of the
+// path instead of one per step.
+__device__ TA_NOINLINE void ta_traceback(const TaPair& P, const TaWarp& wp, const unsigned char* moves, unsigned char* win,
+                                         int* j2i) {
+    const int l1 = P.l1, l2 = P.l2, S = wp.size, lane = wp.rank, w = l2 + 1;
+    int i = l1, j = l2;
+    while (i > 0 && j > 0) {
+        const int k = i + j, i0 = i - S + 1;
+        for (int h = 0; h < 2; ++h) {
+            const int dq = lane + h * S, kq = k - dq;
+            for (int r = 0; r < S; ++r) {
+                const int ii = i0 + r, jj = kq - ii;
+                win[dq * S + r] = (ii >= 1 && jj >= 1 && jj <= l2) ? moves[(long long)(kq % w) * (l1 + 1) + ii] : 0;
+            }
+        }
+        wp.sync();
+        if (lane == 0) {
+            while (i > 0 && j > 0) {
+                const int dq = k - i - j, r = i - i0;
+                if (dq >= 2 * S || r < 0) break;
+                const unsigned char m = win[dq * S + r];
+                if (m == 0) j2i[j - 1] = i - 1;
+                if (m != 1) --i;
+                if (m != 2) --j;
+            }
+        }
+        i = wp.shfl(i, 0);
+        j = wp.shfl(j, 0);
+        wp.sync();  // the next round rewrites the window
+    }
+}
+
 __device__ __forceinline__ bool ta_is_block(const TaBlock&) { return true; }
 __device__ __forceinline__ bool ta_is_block(const TaWarp&) { return false; }
 
@@ -277,16 +310,9 @@ __device__ TA_NOINLINE void ta_nw(TaPair& P, const Team& b, int slot, int kind, 
         ta_nw_strips(P, P.wp, 0, 1, slot, kind, d0sq, gap);
     }
     b.sync();
-    const unsigned char* moves = P.moves + (long long)slot * (l1 + 1) * (l2 + 1);
-    if (b.rank == 0) {
-        int i = l1, j = l2;
-        while (i > 0 && j > 0) {
-            const unsigned char m = moves[ta_move_at(i, j, l1, l2)];
-            if (m == 0) j2i[j - 1] = i - 1;
-            if (m != 1) --i;
-            if (m != 2) --j;
-        }
-    }
+    if (!block || P.blk.warp == 0)
+        ta_traceback(P, P.wp, P.moves + (long long)slot * (l1 + 1) * (l2 + 1),
+                     P.sh->tb + 2LL * TA_WARP * TA_WARP * P.blk.warp, j2i);
     b.sync();
     if (ta_is_block(b)) ta_prof(P, TA_PROF_DP, t0);  // the block's DPs (the warps' are in their stage)
 }
