@@ -26,7 +26,7 @@ __device__ double ta_score(const Team& tm, const double* d2, int n, double d0sq,
     double s = 0.0;
     const double d8sq = d8 * d8;
     for (int p = tm.rank; p < n; p += tm.size)
-        if (!(d8 > 0.0) || d2[p] <= d8sq) s += 1.0 / (1.0 + d2[p] / d0sq);
+        if (!(d8 > 0.0) || d2[p] <= d8sq) s += TA_RCP(1.0 + d2[p] / d0sq);
     tm.sums(&s, 1);
     return s / norm;
 }

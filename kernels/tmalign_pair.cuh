@@ -226,7 +226,7 @@ __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int
                     const double* b = y + 3 * (j - 1);
                     const double e0 = a0 - b[0], e1 = a1 - b[1], e2 = a2 - b[2];
                     const double d2 = TA_ADD(TA_ADD(TA_MUL(e0, e0), TA_MUL(e1, e1)), TA_MUL(e2, e2));
-                    sc = 1.0 / (1.0 + d2 / d0sq);
+                    sc = TA_RCP(1.0 + d2 / d0sq);
                     if (kind == TA_DP_TM_SS) sc = TA_ADD(sc, 0.5 * ss);
                 }
                 const double d = diag + sc;
