@@ -152,45 +152,55 @@ __device__ TA_NOINLINE void ta_transform(TaPair& P, const Team& tm, int w, const
 #define TA_DP_SS 1
 #define TA_DP_TM_SS 2
 //
-// Work split: strips of S rows (S = the warp's lanes), lane l of a strip on row i = strip * S + l + 1,
-// sweeping the target with a skew (step s: column j = s - l + 1). The cell above and the one diagonally
-// above-left come from lane l - 1 by a shuffle (its value of the last step, and the one before); lane 0
-// reads them from the row the previous strip's last lane left in a row buffer. No barrier inside a
-// strip. The block's DP gives strip k to warp k mod W (W = the block's warps): strip k writes its last
-// row into warp (k mod W)'s row buffer and publishes every S columns (sh->prog, a monotone count), strip
-// k + 1 waits for the S columns it reads next; a buffer is rewritten only by strip k + W, which reads
-// (through the chain of strips between) only after strip k + 1 has read it. Every cell is the same
-// expression as the twin's in the same order, so the bits (and the tie decisions) are the twin's.
-// Moves are stored skewed, cell (i, j) at ((i + j) mod (L2 + 1)) * (L1 + 1) + i: one step of a warp
-// writes consecutive bytes.
-// One warp's strips of the DP (strips q, q + nw, ...; nw = 1: the warp does them all).
+// Work split: strips of S * R rows (S = the warp's lanes, R = 1, 2 or 4 rows a lane), swept along the
+// target as anti-diagonals: at step s lane l holds, for r = 0 .. R - 1, row i = strip * S * R + r * S +
+// l + 1 at column j = s - l - r * S + 1, so every cell of a step lies on the diagonal i + j = strip * S *
+// R + s + 2 and the R cells of a lane are independent (the lane's arithmetic overlaps). A cell takes the
+// one above (and, a step earlier, the one diagonally above-left) from lane l - 1, or, for lane 0, from
+// lane S - 1's row r - 1: one rotating shuffle; row 0 of lane 0 reads the row the previous strip's last
+// lane left in a row buffer. No barrier inside a strip. The block's DP gives strip k to warp k mod W (W =
+// the block's warps): strip k writes its last row into warp (k mod W)'s row buffer and publishes every S
+// columns (sh->prog, a monotone count), strip k + 1 waits for the S columns it reads next; a buffer is
+// rewritten only by strip k + W, which reads (through the chain of strips between) only after strip k + 1
+// has read it. Every cell is the same expression as the twin's in the same order, so the bits (and the
+// tie decisions) are the twin's. Moves are stored skewed, cell (i, j) at ((i + j) mod (L2 + 1)) * (L1 + 1)
+// + i: one step of a warp writes R runs of S consecutive bytes.
+template <int R>
 __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int nw, int slot, int kind, double d0sq,
                                          double gap) {
-    const int l1 = P.l1, l2 = P.l2, S = wp.size, lane = wp.rank, w = l2 + 1;
+    const int l1 = P.l1, l2 = P.l2, S = wp.size, lane = wp.rank, w = l2 + 1, H = S * R;
+    const int from = lane == 0 ? S - 1 : lane - 1;  // the rotating shuffle's source
     const double* xt = P.xt + 3LL * slot * l1;
     unsigned char* moves = P.moves + (long long)slot * (l1 + 1) * (l2 + 1);
     int* prog = P.sh->prog;
-    for (int st = q; st * S < l1; st += nw) {
-        const int i = st * S + lane + 1;
-        const bool row = i <= l1;
+    const double* y = P.y;  // (locals: the stores through char pointers below may alias P)
+    const unsigned char* secy = P.secy;
+    for (int st = q; st * H < l1; st += nw) {
         const int mine = nw > 1 ? q : slot, prev = nw > 1 ? (q + nw - 1) % nw : slot;
         double* my_h = P.dv + (long long)mine * w;
         unsigned char* my_p = P.pv + (long long)mine * w;
         const double* up_h = P.dv + (long long)prev * w;
         const unsigned char* up_p = P.pv + (long long)prev * w;
         const int need_base = (st - 1) * w, pub_base = st * w;
-        double own = 0.0, diag = 0.0, chunk_h = 0.0;  // H(i, j - 1); H(i - 1, j - 1); the row above
-        int own_p = 0, chunk_p = 0;
-        const double* y = P.y;  // (locals: the stores through char pointers below may alias P)
-        const unsigned char* secy = P.secy;
-        const double* a = xt + 3 * (row ? i - 1 : 0);
-        const double a0 = a[0], a1 = a[1], a2 = a[2];
-        const unsigned char sx = P.secx[row ? i - 1 : 0];
-        // c = s mod S; kd = (i + j) mod (L2 + 1), the skewed column of this step's cells (all lanes')
-        for (int s = 0, c = 0, kd = (st * S + 2) % w; s < l2 + S - 1;
+        double own[R], diag[R], ax[R], ay[R], az[R];  // H(i, j - 1); H(i - 1, j - 1); row i's mobile residue
+        unsigned char sx[R];
+        int own_p = 0;  // bit r: row r's last cell took the diagonal
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int i = st * H + r * S + lane + 1;
+            const int ii = i <= l1 ? i - 1 : 0;
+            own[r] = diag[r] = 0.0;
+            ax[r] = xt[3 * ii];
+            ay[r] = xt[3 * ii + 1];
+            az[r] = xt[3 * ii + 2];
+            sx[r] = P.secx[ii];
+        }
+        double chunk_h = 0.0;
+        int chunk_p = 0;
+        // c = s mod S; kd = (i + j) mod (L2 + 1), the skewed column of this step's cells
+        for (int s = 0, c = 0, kd = (st * H + 2) % w; s < l2 + H - 1;
              ++s, c = c + 1 == S ? 0 : c + 1, kd = kd + 1 == w ? 0 : kd + 1) {
-            const int j = s - lane + 1;
-            if (c == 0) {  // the next S columns of the row above: lane r holds column s + 1 + r
+            if (c == 0) {  // the next S columns of the row above: lane l holds column s + 1 + l
                 chunk_h = 0.0;
                 chunk_p = 0;
                 const int col = s + 1 + lane;
@@ -208,56 +218,90 @@ __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int
                     }
                 }
             }
-            double uh = own;  // H(i - 1, j) and its move from lane - 1
-            int up = own_p;
-            wp.shfl_up(uh, up);
-            const double rh = wp.shfl(chunk_h, c);
-            const int rp = wp.shfl(chunk_p, c);
-            if (lane == 0) {
-                uh = rh;
-                up = rp;
-            }
-            if (row && j >= 1 && j <= l2) {
-                double sc;
-                const double ss = sx == secy[j - 1] ? 1.0 : 0.0;
-                if (kind == TA_DP_SS) {
-                    sc = ss;
+            const int recv_p = wp.shfl(own_p, from);
+            const double top_h = wp.shfl(chunk_h, c);
+            const int top_p = wp.shfl(chunk_p, c);
+            int new_p = 0;
+            double last = 0.0;  // the shuffled value of row r - 1 (lane 0's row above for r > 0)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const double got = wp.shfl(own[r], from);  // before row r's update: the last step's
+                // H(i - 1, j) and whether it took the diagonal
+                const double uh = lane > 0 ? got : r == 0 ? top_h : last;
+                const int up = lane > 0 ? (recv_p >> r) & 1 : r == 0 ? top_p : (recv_p >> (r > 0 ? r - 1 : 0)) & 1;
+                last = got;
+                const int i = st * H + r * S + lane + 1, j = s - lane - r * S + 1;
+                if (i <= l1 && j >= 1 && j <= l2) {
+                    double sc;
+                    const double ss = sx[r] == secy[j - 1] ? 1.0 : 0.0;
+                    if (kind == TA_DP_SS) {
+                        sc = ss;
+                    } else {
+                        const double* b = y + 3 * (j - 1);
+                        const double e0 = ax[r] - b[0], e1 = ay[r] - b[1], e2 = az[r] - b[2];
+                        const double d2 = TA_ADD(TA_ADD(TA_MUL(e0, e0), TA_MUL(e1, e1)), TA_MUL(e2, e2));
+                        sc = TA_RCP(1.0 + d2 / d0sq);
+                        if (kind == TA_DP_TM_SS) sc = TA_ADD(sc, 0.5 * ss);
+                    }
+                    const double d = diag[r] + sc;
+                    const double h = uh + (up ? gap : 0.0);  // from (i - 1, j)
+                    const double v = own[r] + (((own_p >> r) & 1) ? gap : 0.0);  // from (i, j - 1)
+                    unsigned char m;
+                    if (d >= h && d >= v) {
+                        own[r] = d;
+                        m = 0;
+                    } else if (v >= h) {
+                        own[r] = v;
+                        m = 1;
+                    } else {
+                        own[r] = h;
+                        m = 2;
+                    }
+                    new_p |= (m == 0) << r;
+                    moves[(long long)kd * (l1 + 1) + i] = m;
+                    if (r == R - 1 && lane == S - 1) {
+                        my_h[j] = own[r];
+                        my_p[j] = (unsigned char)(m == 0);
+                        if (nw > 1 && (j % S == 0 || j == l2)) TA_FLAG_STORE(prog + q, pub_base + j);
+                    }
                 } else {
-                    const double* b = y + 3 * (j - 1);
-                    const double e0 = a0 - b[0], e1 = a1 - b[1], e2 = a2 - b[2];
-                    const double d2 = TA_ADD(TA_ADD(TA_MUL(e0, e0), TA_MUL(e1, e1)), TA_MUL(e2, e2));
-                    sc = TA_RCP(1.0 + d2 / d0sq);
-                    if (kind == TA_DP_TM_SS) sc = TA_ADD(sc, 0.5 * ss);
+                    new_p |= own_p & (1 << r);
                 }
-                const double d = diag + sc;
-                const double h = uh + (up ? gap : 0.0);  // from (i - 1, j)
-                const double v = own + (own_p ? gap : 0.0);  // from (i, j - 1)
-                unsigned char m;
-                if (d >= h && d >= v) {
-                    own = d;
-                    m = 0;
-                } else if (v >= h) {
-                    own = v;
-                    m = 1;
-                } else {
-                    own = h;
-                    m = 2;
-                }
-                own_p = m == 0;
-                moves[(long long)kd * (l1 + 1) + i] = m;
-                if (lane == S - 1) {
-                    my_h[j] = own;
-                    my_p[j] = (unsigned char)own_p;
-                    if (nw > 1 && (j % S == 0 || j == l2)) TA_FLAG_STORE(prog + q, pub_base + j);
-                }
+                diag[r] = uh;
             }
-            diag = uh;
+            own_p = new_p;
         }
         wp.sync();  // one warp alone: its next strip reads this strip's row
     }
 }
 
-// The team (the block, or one warp: its own slot) runs the DP; the block's uses slot 0's xt and moves.
+// Rows a lane takes in the DP of L1 x L2 on W warps of S lanes: the R of 1, 2, 4 with the fewest steps
+// (strips a warp runs, each L2 + S R - 1 steps, plus the pipeline's fill of S R + S steps a warp).
+__device__ __forceinline__ int ta_rows_per_lane(int l1, int l2, int S, int W) {
+#ifdef TA_DP_ROWS
+    return TA_DP_ROWS;  // tests: one R throughout
+#endif
+    int best = 1;
+    long long best_steps = -1;
+    for (int R = 1; R <= 4; R *= 2) {
+        const int strips = (l1 + S * R - 1) / (S * R), used = strips < W ? strips : W;
+        const long long steps = (long long)((strips + W - 1) / W) * (l2 + S * R - 1) + (long long)(used - 1) * (S * R + S);
+        if (best_steps < 0 || steps < best_steps) {
+            best_steps = steps;
+            best = R;
+        }
+    }
+    return best;
+}
+
+__device__ __forceinline__ void ta_nw_run(TaPair& P, const TaWarp& wp, int q, int nw, int slot, int kind, double d0sq,
+                                          double gap) {
+    const int R = ta_rows_per_lane(P.l1, P.l2, wp.size, nw);
+    if (R == 4) ta_nw_strips<4>(P, wp, q, nw, slot, kind, d0sq, gap);
+    else if (R == 2) ta_nw_strips<2>(P, wp, q, nw, slot, kind, d0sq, gap);
+    else ta_nw_strips<1>(P, wp, q, nw, slot, kind, d0sq, gap);
+}
+
 // The DP's traceback on one warp (S lanes). From (i, j) the path runs through diagonals i + j, i + j - 1,
 // ... and rows i, i - 1, ...: the warp loads the window of 2S diagonals by S rows ending at (i, j) into
 // shared memory (lane q: diagonals k - q and k - S - q, each S consecutive bytes of the skewed moves),
@@ -296,6 +340,7 @@ __device__ TA_NOINLINE void ta_traceback(const TaPair& P, const TaWarp& wp, cons
 __device__ __forceinline__ bool ta_is_block(const TaBlock&) { return true; }
 __device__ __forceinline__ bool ta_is_block(const TaWarp&) { return false; }
 
+// The team (the block, or one warp: its own slot) runs the DP; the block's uses slot 0's xt and moves.
 template <class Team>
 __device__ TA_NOINLINE void ta_nw(TaPair& P, const Team& b, int slot, int kind, double d0sq, double gap, int* j2i) {
     const int l1 = P.l1, l2 = P.l2;
@@ -305,9 +350,9 @@ __device__ TA_NOINLINE void ta_nw(TaPair& P, const Team& b, int slot, int kind, 
     if (block) {
         for (int v = b.rank; v < TA_NWARPS; v += b.size) P.sh->prog[v] = -1;
         b.sync();
-        ta_nw_strips(P, P.wp, P.blk.warp, TA_NWARPS, 0, kind, d0sq, gap);
+        ta_nw_run(P, P.wp, P.blk.warp, TA_NWARPS, 0, kind, d0sq, gap);
     } else {
-        ta_nw_strips(P, P.wp, 0, 1, slot, kind, d0sq, gap);
+        ta_nw_run(P, P.wp, 0, 1, slot, kind, d0sq, gap);
     }
     b.sync();
     if (!block || P.blk.warp == 0)

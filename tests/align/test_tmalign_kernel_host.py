@@ -46,14 +46,15 @@ def lib(tmp_path_factory):
     return _build(tmp_path_factory)
 
 
-@pytest.fixture(scope="module", params=[(12, 4), (4, 4), (8, 4)], ids=["3warps", "1warp", "2warps"])
+@pytest.fixture(scope="module", params=[(12, 4, None), (4, 4, 2), (8, 4, 1)], ids=["3warps", "1warp-R2", "2warps-R1"])
 def lib_threads(tmp_path_factory, request):
     """The kernel as a block of concurrent threads in "warps" of 4: strided loops, team reductions,
     barriers and the DP's shuffles and progress flags as on the GPU (a missing barrier changes results
-    here). Three warps (the block's DP pipelines its strips over them), one warp (TA_THREADS = 32: the
-    block is one warp), two (an even count)."""
-    n, w = request.param
-    return _build(tmp_path_factory, f"-DTMALIGN_HOST_THREADS={n}", f"-DTMALIGN_HOST_WARP={w}", "-pthread")
+    here). Three warps (the block's DP pipelines its strips over them; rows a lane as the kernel picks
+    them), one warp (TA_THREADS = 32: the block is one warp) with 2 rows a lane, two warps with 1."""
+    n, w, rows = request.param
+    flags = [f"-DTMALIGN_HOST_THREADS={n}", f"-DTMALIGN_HOST_WARP={w}", "-pthread"]
+    return _build(tmp_path_factory, *flags, *([f"-DTA_DP_ROWS={rows}"] if rows else []))
 
 
 def host_align(so, mobile, target, pairs=None, l_norms=None):
