@@ -231,7 +231,7 @@ struct TaWarp {
 // fenced before its flag; the consumer fences after seeing it.
 #define TA_FLAG_STORE(p, v) (__threadfence_block(), *(volatile int*)(p) = (v))
 #define TA_FLAG_LOAD(p) (*(volatile const int*)(p))
-#define TA_SPIN()
+#define TA_SPIN() __nanosleep(32)  // leave the issue slots to the warp being waited for
 
 struct TaBlock {
     int rank, size, warp, lane;
