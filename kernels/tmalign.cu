@@ -136,18 +136,24 @@ __device__ TA_NOINLINE double ta_search(TaPair& P, const double* xa, const doubl
 }
 
 // numpy_twin.pairs_of: the aligned pairs of a map into xa, ya (target order); returns their number.
+// Warp 0 takes the target residues S at a time; a ballot gives each aligned one its place.
 __device__ TA_NOINLINE int ta_gather(TaPair& P, const int* map) {
     int n = 0;
-    if (P.blk.rank == 0)
-        for (int j = 0; j < P.l2; ++j) {
-            const int i = map[j];
-            if (i < 0) continue;
-            for (int k = 0; k < 3; ++k) {
-                P.xa[3 * n + k] = P.x[3 * i + k];
-                P.ya[3 * n + k] = P.y[3 * j + k];
-            }
-            ++n;
+    if (P.blk.warp == 0) {
+        const TaWarp& wp = P.wp;
+        for (int base = 0; base < P.l2; base += wp.size) {
+            const int j = base + wp.rank;
+            const int i = j < P.l2 ? map[j] : -1;
+            int below, total;
+            wp.count(i >= 0, below, total);
+            if (i >= 0)
+                for (int k = 0; k < 3; ++k) {
+                    P.xa[3 * (n + below) + k] = P.x[3 * i + k];
+                    P.ya[3 * (n + below) + k] = P.y[3 * j + k];
+                }
+            n += total;
         }
+    }
     return ta_bcast(P, n);
 }
 

@@ -156,6 +156,18 @@ struct TaHostTeam {
         bar->wait();
         return v;
     }    int shfl(int v, int src) const { return (int)shfl((double)v, src); }
+    // How many members below this one have pred set, and how many in all.
+    void count(int pred, int& below, int& total) const {
+        hs->xch[base + rank][0] = pred ? 1.0 : 0.0;
+        bar->wait();
+        below = total = 0;
+        for (int r = 0; r < size; ++r) {
+            const int v = hs->xch[base + r][0] > 0.0;
+            total += v;
+            below += r < rank ? v : 0;
+        }
+        bar->wait();
+    }
 };
 // The DP's progress flags between warps (tmalign_pair.cuh): release / acquire.
 #define TA_FLAG_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
@@ -179,6 +191,10 @@ struct TaWarp {
     void shfl_up(double&, int&) const {}
     double shfl(double v, int) const { return v; }
     int shfl(int v, int) const { return v; }
+    void count(int pred, int& below, int& total) const {
+        below = 0;
+        total = pred ? 1 : 0;
+    }
 };
 #define TA_FLAG_STORE(p, v) (*(p) = (v))
 #define TA_FLAG_LOAD(p) (*(p))
@@ -226,6 +242,11 @@ struct TaWarp {
     }
     __device__ double shfl(double v, int src) const { return __shfl_sync(0xffffffffu, v, src); }
     __device__ int shfl(int v, int src) const { return __shfl_sync(0xffffffffu, v, src); }
+    __device__ void count(int pred, int& below, int& total) const {
+        const unsigned m = __ballot_sync(0xffffffffu, pred);
+        below = __popc(m & ((1u << rank) - 1u));
+        total = __popc(m);
+    }
 };
 // The DP's progress flags between the warps of a block (tmalign_pair.cuh): the producer's writes are
 // fenced before its flag; the consumer fences after seeing it.

@@ -152,6 +152,20 @@ def test_block_sizes_give_the_same_alignments(stored, monkeypatch, threads, min_
             ref["mobile_aligned"], ref["match"], ref["target_aligned"]), (ref["mobile"], ref["target"])
 
 
+def test_block_sizes_by_length(monkeypatch):
+    """gpu.BUCKETS: pairs up to 100 residues on one-warp blocks, the others on the default; one call
+    with both gives the alignments of the default alone, in the pairs' order."""
+    from protgpu.align import gpu
+
+    walks = [_walk(s, n) for s, n in ((41, 60), (42, 95), (43, 101), (44, 180))]
+    pairs = [(0, 1), (2, 3), (1, 0), (3, 0), (1, 2)]
+    base = pg.tm_align(walks, walks, pairs=pairs, device="gpu")
+    monkeypatch.setattr(gpu, "BUCKETS", ((100, 32, 8),))
+    assert [gpu.block_config(len(walks[a]), len(walks[b])) for a, b in pairs][:3] == [
+        (32, 8), (gpu.THREADS, gpu.MIN_BLOCKS), (32, 8)]
+    assert_same(pg.tm_align(walks, walks, pairs=pairs, device="gpu"), base, tol=1e-9)
+
+
 def check_tmalign_for_sanitizer() -> None:
     """tests/sanitize_kernels.py section "tmalign": odd sizes (5 residues, not multiples of a warp),
     one launch per pair (tiny budget) and one for all, each checked against the CPU path."""
