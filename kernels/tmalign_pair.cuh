@@ -28,6 +28,7 @@ struct TaShared {
     int wseed[TA_NWARPS];
     double wrt[TA_NWARPS * 12];
     int ival[4];
+    double bc[16];  // values warp 0 gives the block (ta_block_sums, ta_block_superpose)
     int prog[TA_NWARPS];  // the block DP: cells published by each warp's current strip (ta_nw)
     unsigned char tb[TA_NWARPS * 2 * TA_WARP * TA_WARP];  // each warp's traceback window (ta_traceback)
 };
@@ -99,6 +100,24 @@ __device__ __forceinline__ int ta_bcast(TaPair& P, int v) {
     const int r = P.sh->ival[0];
     P.blk.sync();
     return r;
+}
+
+// Sums every thread of the block gets, added by warp 0 alone: its lanes take items lane, lane + S, ...
+// (add(p, v) adds item p into v[0 .. k)) and the warp's butterfly adds the lanes. The same bits for
+// every block size (TA_THREADS), as the reductions inside a warp's own jobs: the block size changes
+// how the work is spread, never a result.
+template <class Add>
+__device__ void ta_block_sums(TaPair& P, int n, double* v, int k, Add add) {
+    for (int i = 0; i < k; ++i) v[i] = 0.0;
+    if (P.blk.warp == 0) {
+        for (int p = P.wp.rank; p < n; p += P.wp.size) add(p, v);
+        P.wp.sums(v, k);
+        if (P.blk.lane == 0)
+            for (int i = 0; i < k; ++i) P.sh->bc[i] = v[i];
+    }
+    P.blk.sync();
+    for (int i = 0; i < k; ++i) v[i] = P.sh->bc[i];
+    P.blk.sync();
 }
 
 __device__ TA_NOINLINE void ta_copy_map(TaPair& P, const int* from, int* to) {
