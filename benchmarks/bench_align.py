@@ -30,6 +30,11 @@ the results file keeps the parts of earlier runs, so the parts can be run in sep
     python3 benchmarks/bench_align.py [--parts a,b,c,d] [--jobs N] [--pairs P] [--queries Q]
         [--entries N] [--gpu-pairs P] [--device auto|cpu|gpu] [--json PATH]
     python3 benchmarks/bench_align.py --merge part1.json part2.json ... [--json PATH]
+    python3 benchmarks/bench_align.py --quick [--quick-scale S] [--threads T --min-blocks M] [--json PATH]
+
+``--quick`` runs only the GPU kernel on synthetic chains of 100, 300 and 1,000 residues, with each
+stage's share of the SM cycles (``quick_throughput``; under a minute and a half on an H200), and writes
+``results/align-quick-<device>.json``.
 
 Writes ``results/align-<device>.json`` (merging the parts already there; ``--merge`` joins the parts of
 files written by separate runs, each part keeping its own machine and arguments).
