@@ -249,9 +249,10 @@ struct TaWarp {
     }
 };
 // The DP's progress flags between the warps of a block (tmalign_pair.cuh): the producer's writes are
-// fenced before its flag; the consumer fences after seeing it.
-#define TA_FLAG_STORE(p, v) (__threadfence_block(), *(volatile int*)(p) = (v))
-#define TA_FLAG_LOAD(p) (*(volatile const int*)(p))
+// fenced before its flag; the consumer fences after seeing it. The flag itself is read and written by
+// shared-memory atomics: plain volatile accesses worked but are, to racecheck, a race on the flag.
+#define TA_FLAG_STORE(p, v) (__threadfence_block(), atomicExch((p), (v)))
+#define TA_FLAG_LOAD(p) atomicAdd((p), 0)
 #define TA_SPIN() __nanosleep(32)  // leave the issue slots to the warp being waited for
 
 struct TaBlock {
