@@ -30,6 +30,11 @@ the results file keeps the parts of earlier runs, so the parts can be run in sep
     python3 benchmarks/bench_align.py [--parts a,b,c,d] [--jobs N] [--pairs P] [--queries Q]
         [--entries N] [--gpu-pairs P] [--device auto|cpu|gpu] [--json PATH]
     python3 benchmarks/bench_align.py --merge part1.json part2.json ... [--json PATH]
+    python3 benchmarks/bench_align.py --quick [--quick-scale S] [--threads T --min-blocks M] [--json PATH]
+
+``--quick`` runs only the GPU kernel on synthetic chains of 100, 300 and 1,000 residues, with each
+stage's share of the SM cycles (``quick_throughput``; under a minute and a half on an H200), and writes
+``results/align-quick-<device>.json``.
 
 Writes ``results/align-<device>.json`` (merging the parts already there; ``--merge`` joins the parts of
 files written by separate runs, each part keeping its own machine and arguments).
@@ -447,6 +452,81 @@ def part_sensitivity(args, gpu: bool) -> dict:
                                    "TM-score normalised by the query (Chain_1), mean over queries"}
 
 
+def quick_walk(rng, n: int) -> np.ndarray:
+    """(n, 3) CA-like trace: 3.8 A steps turning by random bounded angles (as the GPU tests' chains)."""
+    turns = rng.normal(scale=0.6, size=(n, 3))
+    d = np.array([1.0, 0.0, 0.0])
+    pts = np.zeros((n, 3))
+    for k in range(1, n):
+        d = d + turns[k]
+        d /= np.linalg.norm(d)
+        pts[k] = pts[k - 1] + 3.8 * d
+    return pts
+
+
+QUICK_SIZES = ((100, 4000), (300, 1000), (1000, 100))
+
+
+def quick_throughput(args) -> dict:
+    """``--quick``: the GPU kernel alone on synthetic random-walk chains of exactly 100, 300 and 1,000
+    residues (48 chains per size, random pairs, seed 0; ``--quick-scale`` multiplies the pair counts):
+    pairs/s end to end (``tm_align_gpu``: pack, kernel, unpack) and of the kernel (end to end less the
+    host's pack and unpack, timed apart), then one ``profile=True`` run: each stage's share of the SM
+    cycles (the five initial alignments with their refinement and the final scores), and across stages
+    the shares of the DP, the TM-score searches and the quick scores."""
+    import cupy as cp
+
+    from protgpu.align import gpu
+
+    if args.threads:
+        gpu.THREADS = args.threads
+    if args.min_blocks:
+        gpu.MIN_BLOCKS = args.min_blocks
+    rng = np.random.default_rng(SEED)
+    rows = []
+    for size, count in QUICK_SIZES:
+        n = max(1, int(count * args.quick_scale))
+        chains = [quick_walk(rng, size) for _ in range(48)]
+        seqs = ["A" * size] * len(chains)
+        pairs = random_pairs(len(chains), n, rng)
+        norms = [float(size)] * n
+
+        def run(p, profile=False, chains=chains, seqs=seqs, norms=norms):
+            out = gpu.tm_align_gpu(chains, chains, seqs, seqs, p, norms[:len(p)], profile=profile)
+            cp.cuda.Device().synchronize()
+            return out
+
+        if size == QUICK_SIZES[0][0]:
+            run(pairs[:8])  # compile (or load) and warm up: one kernel for every size
+        t0 = time.perf_counter()
+        res = run(pairs)
+        total = time.perf_counter() - t0
+        t0 = time.perf_counter()  # the host's share: pack, and unpack of the same results
+        pk = gpu.pack(chains, chains, pairs, norms)
+        host = time.perf_counter() - t0
+        y2x = np.full(pk.map_total, -1, np.int32)
+        for k, r in enumerate(res):
+            y2x[pk.map_off[k] + r.aligned[:, 1]] = r.aligned[:, 0]
+        values = np.array([[r.tm_mobile, r.tm_target, r.tm, r.rmsd] for r in res])
+        rt = np.array([np.r_[r.rotation.ravel(), r.translation] for r in res])
+        t0 = time.perf_counter()
+        gpu.unpack(pk, values, np.array([r.n_aligned for r in res]), rt, y2x, seqs, seqs)
+        host += time.perf_counter() - t0
+        _, prof = run(pairs, profile=True)
+        cyc = prof.sum(axis=0).astype(np.float64)
+        stages = cyc[:6].sum()
+        row = {"size": size, "pairs": n, "threads": gpu.THREADS, "min_blocks": gpu.MIN_BLOCKS,
+               "pairs_s": n / total, "kernel_pairs_s": n / max(total - host, 1e-9), "host_s": host}
+        for k, name in enumerate(gpu.PROFILE_SLOTS[:6]):
+            row[name] = cyc[k] / stages if stages else float("nan")
+        for k, name in enumerate(gpu.PROFILE_SLOTS[6:9], start=6):
+            row[name] = cyc[k] / cyc[9] if cyc[9] else float("nan")
+        rows.append(row)
+        print_table([row], list(row))
+    return {"rows": rows, "note": "pairs/s of tm_align_gpu on random-walk chains; stage columns: shares of the SM "
+                                  "cycles of the stages; dp, tm_search, quick_scores: shares of the whole pair's"}
+
+
 PARTS = {"a": ("throughput", part_throughput), "b": ("search", part_search),
          "c": ("accuracy", part_accuracy), "d": ("sensitivity", part_sensitivity)}
 
@@ -508,7 +588,18 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="results file (default results/align-<device>.json)")
     ap.add_argument("--merge", nargs="+", metavar="FILE", default=None,
                     help="run nothing: merge the parts of these results files (later files win) into --json")
+    ap.add_argument("--quick", action="store_true",
+                    help="only the GPU kernel on synthetic 100/300/1,000-residue chains with its per-stage split")
+    ap.add_argument("--quick-scale", type=float, default=1.0, help="--quick: multiply its pair counts")
+    ap.add_argument("--threads", type=int, default=None, help="--quick: the kernel's TA_THREADS (gpu.THREADS)")
+    ap.add_argument("--min-blocks", type=int, default=None, help="--quick: its TA_MIN_BLOCKS (gpu.MIN_BLOCKS)")
     args = ap.parse_args(argv)
+    if args.quick:
+        result = quick_throughput(args)
+        out = Path(args.json) if args.json else RESULTS / f"align-quick-{device_tag(machine())}.json"
+        write_results("align-quick", result["rows"], {"note": result["note"]}, path=str(out))
+        print(f"wrote {out}")
+        return 0
     if args.merge:
         merged, info = {}, None
         for f in args.merge:

@@ -26,9 +26,29 @@ __device__ double ta_score(const Team& tm, const double* d2, int n, double d0sq,
     double s = 0.0;
     const double d8sq = d8 * d8;
     for (int p = tm.rank; p < n; p += tm.size)
-        if (!(d8 > 0.0) || d2[p] <= d8sq) s += 1.0 / (1.0 + d2[p] / d0sq);
+        if (!(d8 > 0.0) || d2[p] <= d8sq) s += TA_RCP(1.0 + d2[p] / d0sq);
     tm.sums(&s, 1);
     return s / norm;
+}
+
+// ta_superpose by warp 0 (as ta_block_sums: the same bits for every block size), given to the block.
+template <class Get>
+__device__ double ta_block_superpose(TaPair& P, int count, Get get, double* R, double* t) {
+    double* v = P.sh->bc;
+    if (P.blk.warp == 0) {
+        const double rmsd = ta_superpose(P.wp, count, get, R, t);
+        if (P.blk.lane == 0) {
+            for (int k = 0; k < 9; ++k) v[k] = R[k];
+            for (int k = 0; k < 3; ++k) v[9 + k] = t[k];
+            v[12] = rmsd;
+        }
+    }
+    P.blk.sync();
+    for (int k = 0; k < 9; ++k) R[k] = v[k];
+    for (int k = 0; k < 3; ++k) t[k] = v[9 + k];
+    const double rmsd = v[12];
+    P.blk.sync();
+    return rmsd;
 }
 
 // _search.tm_search on the n pairs (xa, ya): seeds by warps, each warp's first strict maximum, then
@@ -43,13 +63,13 @@ __device__ TA_NOINLINE double ta_search(TaPair& P, const double* xa, const doubl
         return -1.0;
     }
     const long long t0 = TA_CLOCK();
-    double c[6] = {0, 0, 0, 0, 0, 0};
-    for (int p = b.rank; p < n; p += b.size)
+    double c[6];
+    ta_block_sums(P, n, c, 6, [&](int p, double* v) {
         for (int k = 0; k < 3; ++k) {
-            c[k] += xa[3 * p + k];
-            c[3 + k] += ya[3 * p + k];
+            v[k] += xa[3 * p + k];
+            v[3 + k] += ya[3 * p + k];
         }
-    b.sums(c, 6);
+    });
     const double cx[3] = {c[0] / n, c[1] / n, c[2] / n}, cy[3] = {c[3] / n, c[4] / n, c[5] / n};
     for (int p = b.rank; p < n; p += b.size)
         for (int k = 0; k < 3; ++k) {
@@ -136,18 +156,24 @@ __device__ TA_NOINLINE double ta_search(TaPair& P, const double* xa, const doubl
 }
 
 // numpy_twin.pairs_of: the aligned pairs of a map into xa, ya (target order); returns their number.
+// Warp 0 takes the target residues S at a time; a ballot gives each aligned one its place.
 __device__ TA_NOINLINE int ta_gather(TaPair& P, const int* map) {
     int n = 0;
-    if (P.blk.rank == 0)
-        for (int j = 0; j < P.l2; ++j) {
-            const int i = map[j];
-            if (i < 0) continue;
-            for (int k = 0; k < 3; ++k) {
-                P.xa[3 * n + k] = P.x[3 * i + k];
-                P.ya[3 * n + k] = P.y[3 * j + k];
-            }
-            ++n;
+    if (P.blk.warp == 0) {
+        const TaWarp& wp = P.wp;
+        for (int base = 0; base < P.l2; base += wp.size) {
+            const int j = base + wp.rank;
+            const int i = j < P.l2 ? map[j] : -1;
+            int below, total;
+            wp.count(i >= 0, below, total);
+            if (i >= 0)
+                for (int k = 0; k < 3; ++k) {
+                    P.xa[3 * (n + below) + k] = P.x[3 * i + k];
+                    P.ya[3 * (n + below) + k] = P.y[3 * j + k];
+                }
+            n += total;
         }
+    }
     return ta_bcast(P, n);
 }
 
@@ -426,7 +452,7 @@ __device__ TA_NOINLINE void ta_align_maps(TaPair& P) {
     t0 = TA_CLOCK();
     // 4. the best alignment so far plus secondary structure
     const int* mb = P.map_best;
-    ta_superpose(b, l2, [&](int j, double* x, double* y) -> bool {
+    ta_block_superpose(P, l2, [&](int j, double* x, double* y) -> bool {
         const int i = mb[j];
         if (i < 0) return false;
         for (int k = 0; k < 3; ++k) {
@@ -490,12 +516,13 @@ __device__ TA_NOINLINE void ta_pair(TaPair& P, const double* par, double* out_va
     P.lnorm = (double)P.lm;
     ta_secondary(b, P.x, l1, P.secx);
     ta_secondary(b, P.y, l2, P.secy);
-    double c[6] = {0, 0, 0, 0, 0, 0};
-    for (int i = b.rank; i < l1; i += b.size)
-        for (int k = 0; k < 3; ++k) c[k] += P.x[3 * i + k];
-    for (int j = b.rank; j < l2; j += b.size)
-        for (int k = 0; k < 3; ++k) c[3 + k] += P.y[3 * j + k];
-    b.sums(c, 6);
+    double c[6];
+    ta_block_sums(P, l1 > l2 ? l1 : l2, c, 6, [&](int p, double* v) {
+        for (int k = 0; k < 3; ++k) {
+            if (p < l1) v[k] += P.x[3 * p + k];
+            if (p < l2) v[3 + k] += P.y[3 * p + k];
+        }
+    });
     for (int i = b.rank; i < l1; i += b.size)
         for (int k = 0; k < 3; ++k) P.xc[3 * i + k] = P.x[3 * i + k] - c[k] / l1;
     for (int j = b.rank; j < l2; j += b.size)
@@ -534,7 +561,7 @@ __device__ TA_NOINLINE void ta_pair(TaPair& P, const double* par, double* out_va
         }
         return true;
     };
-    const double rmsd = n ? ta_superpose(b, n, pairs, R, t) : TA_NAN;
+    const double rmsd = n ? ta_block_superpose(P, n, pairs, R, t) : TA_NAN;
     // the TM-scores by each length: d0 of that length, every pair scored
     auto final_search = [&](double d0, double length, double* Rf, double* tf) {
         const double d0s = d0 < 4.5 ? 4.5 : (d0 > 8.0 ? 8.0 : d0);

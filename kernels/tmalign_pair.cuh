@@ -28,6 +28,9 @@ struct TaShared {
     int wseed[TA_NWARPS];
     double wrt[TA_NWARPS * 12];
     int ival[4];
+    double bc[16];  // values warp 0 gives the block (ta_block_sums, ta_block_superpose)
+    int prog[TA_NWARPS];  // the block DP: cells published by each warp's current strip (ta_nw)
+    unsigned char tb[TA_NWARPS * 2 * TA_WARP * TA_WARP];  // each warp's traceback window (ta_traceback)
 };
 
 // One pair's inputs, parameters and workspace (a slice of the launch's global workspace).
@@ -56,11 +59,12 @@ __device__ __forceinline__ long long ta_round8(long long v) { return (v + 7) & ~
 __device__ long long ta_layout(int l1, int l2, int nwarps, unsigned char* base, TaPair* P) {
     const int lm = l1 < l2 ? l1 : l2;
     long long off = 0;
-    // per warp: the DP's buffers (xt, dv, pv, moves: the local fragment stage runs one DP per warp; the
-    // block's DPs use warp 0's), distances and selections, and two alignment maps
+    // per warp: the DP's buffers (xt, dv, pv: a strip's last row, moves: the local fragment stage runs
+    // one DP per warp; the block's DPs use warp 0's xt and moves and every warp's row), distances and
+    // selections, and two alignment maps
     const long long nw = nwarps;
     const long long nd[9] = {3LL * l1, 3LL * l2, nw * 3 * l1, 3LL * lm, 3LL * lm, 3LL * lm, 3LL * lm,
-                             nw * 3 * (l1 + 1), nw * l2};
+                             nw * (l2 + 1), nw * l2};
     const long long ni[6] = {l2, l2, l2, l2, nw * l2, nw * l2};
     double** dp[9] = {0};
     int** ip[6] = {0};
@@ -81,7 +85,7 @@ __device__ long long ta_layout(int l1, int l2, int nwarps, unsigned char* base, 
         if (P) *ip[k] = (int*)(base + off);
         off += ta_round8(4LL * ni[k]);
     }
-    const long long nb[5] = {l1, l2, nw * 2 * (l1 + 1), 2LL * nw * l2, nw * (l1 + 1) * (l2 + 1)};
+    const long long nb[5] = {l1, l2, nw * (l2 + 1), 2LL * nw * l2, nw * (l1 + 1) * (l2 + 1)};
     for (int k = 0; k < 5; ++k) {
         if (P) *bp[k] = base + off;
         off += ta_round8(nb[k]);
@@ -96,6 +100,24 @@ __device__ __forceinline__ int ta_bcast(TaPair& P, int v) {
     const int r = P.sh->ival[0];
     P.blk.sync();
     return r;
+}
+
+// Sums every thread of the block gets, added by warp 0 alone: its lanes take items lane, lane + S, ...
+// (add(p, v) adds item p into v[0 .. k)) and the warp's butterfly adds the lanes. The same bits for
+// every block size (TA_THREADS), as the reductions inside a warp's own jobs: the block size changes
+// how the work is spread, never a result.
+template <class Add>
+__device__ void ta_block_sums(TaPair& P, int n, double* v, int k, Add add) {
+    for (int i = 0; i < k; ++i) v[i] = 0.0;
+    if (P.blk.warp == 0) {
+        for (int p = P.wp.rank; p < n; p += P.wp.size) add(p, v);
+        P.wp.sums(v, k);
+        if (P.blk.lane == 0)
+            for (int i = 0; i < k; ++i) P.sh->bc[i] = v[i];
+    }
+    P.blk.sync();
+    for (int i = 0; i < k; ++i) v[i] = P.sh->bc[i];
+    P.blk.sync();
 }
 
 __device__ TA_NOINLINE void ta_copy_map(TaPair& P, const int* from, int* to) {
@@ -139,15 +161,6 @@ __device__ TA_NOINLINE void ta_transform(TaPair& P, const Team& tm, int w, const
     tm.sync();
 }
 
-// _dp.tm_scores_matrix's cell: 1 / (1 + d^2 / d0^2) between superposed mobile i (in xt) and target j.
-__device__ __forceinline__ double ta_tm_cell(const TaPair& P, const double* xt, int i, int j, double d0sq) {
-    const double* a = xt + 3 * i;
-    const double* b = P.y + 3 * j;
-    const double e0 = a[0] - b[0], e1 = a[1] - b[1], e2 = a[2] - b[2];
-    const double d2 = TA_ADD(TA_ADD(TA_MUL(e0, e0), TA_MUL(e1, e1)), TA_MUL(e2, e2));
-    return 1.0 / (1.0 + d2 / d0sq);
-}
-
 // _dp.nw_align for one problem: Needleman-Wunsch with free end gaps, gap_open charged when a gap
 // opens after an aligned pair; ties: the diagonal when it is >= both gap moves, else the move along
 // the target (j - 1) when it is >= the move along the mobile chain. score(i, j) for 0-based residues.
@@ -157,74 +170,213 @@ __device__ __forceinline__ double ta_tm_cell(const TaPair& P, const double* xt, 
 #define TA_DP_TM 0
 #define TA_DP_SS 1
 #define TA_DP_TM_SS 2
-// The team (the block, or one warp) uses the DP buffers of slot `slot` (warp 0's for the block).
+//
+// Work split: strips of S * R rows (S = the warp's lanes, R = 1, 2 or 4 rows a lane), swept along the
+// target as anti-diagonals: at step s lane l holds, for r = 0 .. R - 1, row i = strip * S * R + r * S +
+// l + 1 at column j = s - l - r * S + 1, so every cell of a step lies on the diagonal i + j = strip * S *
+// R + s + 2 and the R cells of a lane are independent (the lane's arithmetic overlaps). A cell takes the
+// one above (and, a step earlier, the one diagonally above-left) from lane l - 1, or, for lane 0, from
+// lane S - 1's row r - 1: one rotating shuffle; row 0 of lane 0 reads the row the previous strip's last
+// lane left in a row buffer. No barrier inside a strip. The block's DP gives strip k to warp k mod W (W =
+// the block's warps): strip k writes its last row into warp (k mod W)'s row buffer and publishes every S
+// columns (sh->prog, a monotone count), strip k + 1 waits for the S columns it reads next; a buffer is
+// rewritten only by strip k + W, which reads (through the chain of strips between) only after strip k + 1
+// has read it. Every cell is the same expression as the twin's in the same order, so the bits (and the
+// tie decisions) are the twin's. Moves are stored skewed, cell (i, j) at ((i + j) mod (L2 + 1)) * (L1 + 1)
+// + i: one step of a warp writes R runs of S consecutive bytes.
+template <int R>
+__device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int nw, int slot, int kind, double d0sq,
+                                         double gap) {
+    const int l1 = P.l1, l2 = P.l2, S = wp.size, lane = wp.rank, w = l2 + 1, H = S * R;
+    const int from = lane == 0 ? S - 1 : lane - 1;  // the rotating shuffle's source
+    const double* xt = P.xt + 3LL * slot * l1;
+    unsigned char* moves = P.moves + (long long)slot * (l1 + 1) * (l2 + 1);
+    int* prog = P.sh->prog;
+    const double* y = P.y;  // (locals: the stores through char pointers below may alias P)
+    const unsigned char* secy = P.secy;
+    for (int st = q; st * H < l1; st += nw) {
+        const int mine = nw > 1 ? q : slot, prev = nw > 1 ? (q + nw - 1) % nw : slot;
+        double* my_h = P.dv + (long long)mine * w;
+        unsigned char* my_p = P.pv + (long long)mine * w;
+        const double* up_h = P.dv + (long long)prev * w;
+        const unsigned char* up_p = P.pv + (long long)prev * w;
+        const int need_base = (st - 1) * w, pub_base = st * w;
+        double own[R], diag[R], ax[R], ay[R], az[R];  // H(i, j - 1); H(i - 1, j - 1); row i's mobile residue
+        unsigned char sx[R];
+        int own_p = 0;  // bit r: row r's last cell took the diagonal
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int i = st * H + r * S + lane + 1;
+            const int ii = i <= l1 ? i - 1 : 0;
+            own[r] = diag[r] = 0.0;
+            ax[r] = xt[3 * ii];
+            ay[r] = xt[3 * ii + 1];
+            az[r] = xt[3 * ii + 2];
+            sx[r] = P.secx[ii];
+        }
+        double chunk_h = 0.0;
+        int chunk_p = 0;
+        // c = s mod S; kd = (i + j) mod (L2 + 1), the skewed column of this step's cells
+        for (int s = 0, c = 0, kd = (st * H + 2) % w; s < l2 + H - 1;
+             ++s, c = c + 1 == S ? 0 : c + 1, kd = kd + 1 == w ? 0 : kd + 1) {
+            if (c == 0) {  // the next S columns of the row above: lane l holds column s + 1 + l
+                chunk_h = 0.0;
+                chunk_p = 0;
+                const int col = s + 1 + lane;
+                if (st > 0) {
+                    if (nw > 1) {
+                        const int need = need_base + (s + S < l2 ? s + S : l2);
+                        while (TA_FLAG_LOAD(prog + prev) < need) TA_SPIN();
+#ifndef TMALIGN_HOST
+                        __threadfence_block();
+#endif
+                    }
+                    if (col <= l2) {
+                        chunk_h = ((volatile const double*)up_h)[col];
+                        chunk_p = ((volatile const unsigned char*)up_p)[col];
+                    }
+                }
+            }
+            const int recv_p = wp.shfl(own_p, from);
+            const double top_h = wp.shfl(chunk_h, c);
+            const int top_p = wp.shfl(chunk_p, c);
+            int new_p = 0;
+            double last = 0.0;  // the shuffled value of row r - 1 (lane 0's row above for r > 0)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const double got = wp.shfl(own[r], from);  // before row r's update: the last step's
+                // H(i - 1, j) and whether it took the diagonal
+                const double uh = lane > 0 ? got : r == 0 ? top_h : last;
+                const int up = lane > 0 ? (recv_p >> r) & 1 : r == 0 ? top_p : (recv_p >> (r > 0 ? r - 1 : 0)) & 1;
+                last = got;
+                const int i = st * H + r * S + lane + 1, j = s - lane - r * S + 1;
+                if (i <= l1 && j >= 1 && j <= l2) {
+                    double sc;
+                    const double ss = sx[r] == secy[j - 1] ? 1.0 : 0.0;
+                    if (kind == TA_DP_SS) {
+                        sc = ss;
+                    } else {
+                        const double* b = y + 3 * (j - 1);
+                        const double e0 = ax[r] - b[0], e1 = ay[r] - b[1], e2 = az[r] - b[2];
+                        const double d2 = TA_ADD(TA_ADD(TA_MUL(e0, e0), TA_MUL(e1, e1)), TA_MUL(e2, e2));
+                        sc = TA_RCP(1.0 + d2 / d0sq);
+                        if (kind == TA_DP_TM_SS) sc = TA_ADD(sc, 0.5 * ss);
+                    }
+                    const double d = diag[r] + sc;
+                    const double h = uh + (up ? gap : 0.0);  // from (i - 1, j)
+                    const double v = own[r] + (((own_p >> r) & 1) ? gap : 0.0);  // from (i, j - 1)
+                    unsigned char m;
+                    if (d >= h && d >= v) {
+                        own[r] = d;
+                        m = 0;
+                    } else if (v >= h) {
+                        own[r] = v;
+                        m = 1;
+                    } else {
+                        own[r] = h;
+                        m = 2;
+                    }
+                    new_p |= (m == 0) << r;
+                    moves[(long long)kd * (l1 + 1) + i] = m;
+                    if (r == R - 1 && lane == S - 1) {
+                        my_h[j] = own[r];
+                        my_p[j] = (unsigned char)(m == 0);
+                        if (nw > 1 && (j % S == 0 || j == l2)) TA_FLAG_STORE(prog + q, pub_base + j);
+                    }
+                } else {
+                    new_p |= own_p & (1 << r);
+                }
+                diag[r] = uh;
+            }
+            own_p = new_p;
+        }
+        wp.sync();  // one warp alone: its next strip reads this strip's row
+    }
+}
+
+// Rows a lane takes in the DP of L1 x L2 on W warps of S lanes: the R of 1, 2, 4 with the fewest steps
+// (strips a warp runs, each L2 + S R - 1 steps, plus the pipeline's fill of S R + S steps a warp).
+__device__ __forceinline__ int ta_rows_per_lane(int l1, int l2, int S, int W) {
+#ifdef TA_DP_ROWS
+    return TA_DP_ROWS;  // tests: one R throughout
+#endif
+    int best = 1;
+    long long best_steps = -1;
+    for (int R = 1; R <= 4; R *= 2) {
+        const int strips = (l1 + S * R - 1) / (S * R), used = strips < W ? strips : W;
+        const long long steps = (long long)((strips + W - 1) / W) * (l2 + S * R - 1) + (long long)(used - 1) * (S * R + S);
+        if (best_steps < 0 || steps < best_steps) {
+            best_steps = steps;
+            best = R;
+        }
+    }
+    return best;
+}
+
+__device__ __forceinline__ void ta_nw_run(TaPair& P, const TaWarp& wp, int q, int nw, int slot, int kind, double d0sq,
+                                          double gap) {
+    const int R = ta_rows_per_lane(P.l1, P.l2, wp.size, nw);
+    if (R == 4) ta_nw_strips<4>(P, wp, q, nw, slot, kind, d0sq, gap);
+    else if (R == 2) ta_nw_strips<2>(P, wp, q, nw, slot, kind, d0sq, gap);
+    else ta_nw_strips<1>(P, wp, q, nw, slot, kind, d0sq, gap);
+}
+
+// The DP's traceback on one warp (S lanes). From (i, j) the path runs through diagonals i + j, i + j - 1,
+// ... and rows i, i - 1, ...: the warp loads the window of 2S diagonals by S rows ending at (i, j) into
+// shared memory (lane q: diagonals k - q and k - S - q, each S consecutive bytes of the skewed moves),
+// then lane 0 walks it until the path leaves it; one round trip to memory per 16 to 32 steps of the
+// path instead of one per step.
+__device__ TA_NOINLINE void ta_traceback(const TaPair& P, const TaWarp& wp, const unsigned char* moves, unsigned char* win,
+                                         int* j2i) {
+    const int l1 = P.l1, l2 = P.l2, S = wp.size, lane = wp.rank, w = l2 + 1;
+    int i = l1, j = l2;
+    while (i > 0 && j > 0) {
+        const int k = i + j, i0 = i - S + 1;
+        for (int h = 0; h < 2; ++h) {
+            const int dq = lane + h * S, kq = k - dq;
+            for (int r = 0; r < S; ++r) {
+                const int ii = i0 + r, jj = kq - ii;
+                win[dq * S + r] = (ii >= 1 && jj >= 1 && jj <= l2) ? moves[(long long)(kq % w) * (l1 + 1) + ii] : 0;
+            }
+        }
+        wp.sync();
+        if (lane == 0) {
+            while (i > 0 && j > 0) {
+                const int dq = k - i - j, r = i - i0;
+                if (dq >= 2 * S || r < 0) break;
+                const unsigned char m = win[dq * S + r];
+                if (m == 0) j2i[j - 1] = i - 1;
+                if (m != 1) --i;
+                if (m != 2) --j;
+            }
+        }
+        i = wp.shfl(i, 0);
+        j = wp.shfl(j, 0);
+        wp.sync();  // the next round rewrites the window
+    }
+}
+
+__device__ __forceinline__ bool ta_is_block(const TaBlock&) { return true; }
+__device__ __forceinline__ bool ta_is_block(const TaWarp&) { return false; }
+
+// The team (the block, or one warp: its own slot) runs the DP; the block's uses slot 0's xt and moves.
 template <class Team>
 __device__ TA_NOINLINE void ta_nw(TaPair& P, const Team& b, int slot, int kind, double d0sq, double gap, int* j2i) {
-    const int l1 = P.l1, l2 = P.l2, w = l2 + 1;
-    const double* xt = P.xt + 3LL * slot * l1;
-    auto score = [&](int i, int j) -> double {
-        const double ss = P.secx[i] == P.secy[j] ? 1.0 : 0.0;
-        if (kind == TA_DP_SS) return ss;
-        const double s = ta_tm_cell(P, xt, i, j, d0sq);
-        return kind == TA_DP_TM ? s : TA_ADD(s, 0.5 * ss);
-    };
-    double* va = P.dv + 3LL * slot * (l1 + 1);  // diagonal k - 2
-    double* vb = va + (l1 + 1);  // k - 1
-    double* vc = va + 2 * (l1 + 1);  // k
-    unsigned char* pb = P.pv + 2LL * slot * (l1 + 1);  // k - 1 took the diagonal move
-    unsigned char* pc = pb + (l1 + 1);
-    unsigned char* moves = P.moves + (long long)slot * (l1 + 1) * (l2 + 1);
+    const int l1 = P.l1, l2 = P.l2;
     const long long t0 = TA_CLOCK();
-    for (int i = b.rank; i <= l1; i += b.size) {
-        va[i] = vb[i] = 0.0;
-        pb[i] = 0;
-    }
+    const bool block = ta_is_block(b) && TA_NWARPS > 1;
     for (int j = b.rank; j < l2; j += b.size) j2i[j] = -1;
-    b.sync();
-    for (int k = 2; k <= l1 + l2; ++k) {
-        const int lo = k - l2 > 1 ? k - l2 : 1, hi = l1 < k - 1 ? l1 : k - 1;
-        for (int i = b.rank; i <= l1; i += b.size) {
-            if (i < lo || i > hi) {
-                vc[i] = 0.0;
-                pc[i] = 0;
-                continue;
-            }
-            const int j = k - i;
-            const double d = va[i - 1] + score(i - 1, j - 1);
-            const double h = vb[i - 1] + (pb[i - 1] ? gap : 0.0);  // from (i - 1, j)
-            const double v = vb[i] + (pb[i] ? gap : 0.0);  // from (i, j - 1)
-            unsigned char m;
-            if (d >= h && d >= v) {
-                vc[i] = d;
-                m = 0;
-            } else if (v >= h) {
-                vc[i] = v;
-                m = 1;
-            } else {
-                vc[i] = h;
-                m = 2;
-            }
-            pc[i] = m == 0;
-            moves[(long long)i * w + j] = m;
-        }
+    if (block) {
+        for (int v = b.rank; v < TA_NWARPS; v += b.size) P.sh->prog[v] = -1;
         b.sync();
-        double* tv = va;
-        va = vb;
-        vb = vc;
-        vc = tv;
-        unsigned char* tp = pb;
-        pb = pc;
-        pc = tp;
-    }
-    if (b.rank == 0) {
-        int i = l1, j = l2;
-        while (i > 0 && j > 0) {
-            const unsigned char m = moves[(long long)i * w + j];
-            if (m == 0) j2i[j - 1] = i - 1;
-            if (m != 1) --i;
-            if (m != 2) --j;
-        }
+        ta_nw_run(P, P.wp, P.blk.warp, TA_NWARPS, 0, kind, d0sq, gap);
+    } else {
+        ta_nw_run(P, P.wp, 0, 1, slot, kind, d0sq, gap);
     }
     b.sync();
-    if (b.size == P.blk.size) ta_prof(P, TA_PROF_DP, t0);  // the block's DPs (the warps' are in their stage)
+    if (!block || P.blk.warp == 0)
+        ta_traceback(P, P.wp, P.moves + (long long)slot * (l1 + 1) * (l2 + 1),
+                     P.sh->tb + 2LL * TA_WARP * TA_WARP * P.blk.warp, j2i);
+    b.sync();
+    if (ta_is_block(b)) ta_prof(P, TA_PROF_DP, t0);  // the block's DPs (the warps' are in their stage)
 }

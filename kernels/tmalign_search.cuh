@@ -237,7 +237,7 @@ __device__ double ta_fast_score(const Team& tm, const double* xc, const double* 
             const int i = map(j);
             if (i < 0) continue;
             d2[j] = ta_d2(R, t, xc + 3 * i, yc + 3 * j);
-            s += 1.0 / (1.0 + d2[j] / d02);
+            s += TA_RCP(1.0 + d2[j] / d02);
         }
         tm.sums(&s, 1);
         return s;

@@ -28,6 +28,7 @@
 // No fused multiply-add on the host (x86-64 without -mfma): plain products and sums.
 #define TA_MUL(a, b) ((a) * (b))
 #define TA_ADD(a, b) ((a) + (b))
+#define TA_RCP(a) (1.0 / (a))
 #else
 #ifndef TA_THREADS
 #define TA_THREADS 256
@@ -39,6 +40,8 @@
 // equal superpositions give equal score bits (the DP's tie rules then decide the same way).
 #define TA_MUL(a, b) __dmul_rn((a), (b))
 #define TA_ADD(a, b) __dadd_rn((a), (b))
+// 1 / a correctly rounded (the same bits as the division), in fewer instructions than a division.
+#define TA_RCP(a) __drcp_rn(a)
 #endif
 
 #ifndef TA_WARP
@@ -73,6 +76,7 @@ __device__ __forceinline__ void ta_merge3(double& a, double& b, double& c, doubl
 #if defined(TMALIGN_HOST) && defined(TMALIGN_HOST_THREADS)
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 
 struct TaBarrier {  // a reusable barrier of n threads (generation count)
     int n = 0, waiting = 0;
@@ -133,7 +137,42 @@ struct TaHostTeam {
         sums(&d, 1);
         return d > 0.0;
     }
+    // shfl_up: (h, p) of the member one rank below (the lowest keeps its own); shfl: v of member src.
+    void shfl_up(double& h, int& p) const {
+        double* x = hs->xch[base + rank];
+        x[0] = h;
+        x[1] = p;
+        bar->wait();
+        if (rank > 0) {
+            h = hs->xch[base + rank - 1][0];
+            p = (int)hs->xch[base + rank - 1][1];
+        }
+        bar->wait();
+    }
+    double shfl(double v, int src) const {
+        hs->xch[base + rank][0] = v;
+        bar->wait();
+        v = hs->xch[base + src][0];
+        bar->wait();
+        return v;
+    }    int shfl(int v, int src) const { return (int)shfl((double)v, src); }
+    // How many members below this one have pred set, and how many in all.
+    void count(int pred, int& below, int& total) const {
+        hs->xch[base + rank][0] = pred ? 1.0 : 0.0;
+        bar->wait();
+        below = total = 0;
+        for (int r = 0; r < size; ++r) {
+            const int v = hs->xch[base + r][0] > 0.0;
+            total += v;
+            below += r < rank ? v : 0;
+        }
+        bar->wait();
+    }
 };
+// The DP's progress flags between warps (tmalign_pair.cuh): release / acquire.
+#define TA_FLAG_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define TA_FLAG_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define TA_SPIN() std::this_thread::yield()
 
 struct TaWarp : TaHostTeam {};
 struct TaBlock : TaHostTeam {
@@ -149,7 +188,17 @@ struct TaWarp {
     void sums(double*, int) const {}
     void min3(double&, double&, double&) const {}
     int any(int v) const { return v; }
+    void shfl_up(double&, int&) const {}
+    double shfl(double v, int) const { return v; }
+    int shfl(int v, int) const { return v; }
+    void count(int pred, int& below, int& total) const {
+        below = 0;
+        total = pred ? 1 : 0;
+    }
 };
+#define TA_FLAG_STORE(p, v) (*(p) = (v))
+#define TA_FLAG_LOAD(p) (*(p))
+#define TA_SPIN()
 
 struct TaShared;
 struct TaBlock {
@@ -187,7 +236,24 @@ struct TaWarp {
     }
     __device__ void min3(double& a, double& b, double& c) const { ta_warp_min3(a, b, c); }
     __device__ int any(int v) const { return __any_sync(0xffffffffu, v); }
+    __device__ void shfl_up(double& h, int& p) const {
+        h = __shfl_up_sync(0xffffffffu, h, 1);
+        p = __shfl_up_sync(0xffffffffu, p, 1);
+    }
+    __device__ double shfl(double v, int src) const { return __shfl_sync(0xffffffffu, v, src); }
+    __device__ int shfl(int v, int src) const { return __shfl_sync(0xffffffffu, v, src); }
+    __device__ void count(int pred, int& below, int& total) const {
+        const unsigned m = __ballot_sync(0xffffffffu, pred);
+        below = __popc(m & ((1u << rank) - 1u));
+        total = __popc(m);
+    }
 };
+// The DP's progress flags between the warps of a block (tmalign_pair.cuh): the producer's writes are
+// fenced before its flag; the consumer fences after seeing it. The flag itself is read and written by
+// shared-memory atomics: plain volatile accesses worked but are, to racecheck, a race on the flag.
+#define TA_FLAG_STORE(p, v) (__threadfence_block(), atomicExch((p), (v)))
+#define TA_FLAG_LOAD(p) atomicAdd((p), 0)
+#define TA_SPIN() __nanosleep(32)  // leave the issue slots to the warp being waited for
 
 struct TaBlock {
     int rank, size, warp, lane;

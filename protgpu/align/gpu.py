@@ -34,25 +34,42 @@ PROFILE_SLOTS = ("threading", "secondary_structure", "local_superposition", "bes
                  "fragment_threading", "final_scores", "dp", "tm_search", "quick_scores", "total")
 
 
-def defines() -> dict:
-    """The kernel's compile-time settings (also the prebuilt cubin's)."""
-    return {"TA_THREADS": THREADS, "TA_MIN_BLOCKS": MIN_BLOCKS}
+#: Block size by pair size: rows (longest chain of the pair, TA_THREADS, TA_MIN_BLOCKS), by increasing
+#: length; a pair takes the first row whose length is at least its longer chain's, pairs longer than
+#: every row take THREADS and MIN_BLOCKS (so an empty table means THREADS and MIN_BLOCKS for all).
+BUCKETS: tuple = ()
 
 
-def workspace_bytes(l1: int, l2: int, nwarps: int = THREADS // 32) -> int:
+def defines(threads: int | None = None, min_blocks: int | None = None) -> dict:
+    """The kernel's compile-time settings (also the prebuilt cubin's): THREADS and MIN_BLOCKS unless
+    given."""
+    return {"TA_THREADS": THREADS if threads is None else threads,
+            "TA_MIN_BLOCKS": MIN_BLOCKS if min_blocks is None else min_blocks}
+
+
+def block_config(l1: int, l2: int) -> tuple[int, int]:
+    """(TA_THREADS, TA_MIN_BLOCKS) of a pair of L1 and L2 residues (:data:`BUCKETS`)."""
+    longest = max(l1, l2)
+    for length, threads, min_blocks in BUCKETS:
+        if longest <= length:
+            return threads, min_blocks
+    return THREADS, MIN_BLOCKS
+
+
+def workspace_bytes(l1: int, l2: int, nwarps: int | None = None) -> int:
     """Bytes of global workspace one pair of L1 and L2 residues takes (the kernel's ``ta_layout``):
     coordinate copies and per-warp scratch (float64), alignment maps (int32), secondary structure, and
     per warp the DP's buffers, its selections and its traceback, (L1 + 1)(L2 + 1) bytes (the local
     fragment stage runs one DP per warp)."""
     lm = min(l1, l2)
+    w = THREADS // 32 if nwarps is None else nwarps  # THREADS read now: a sweep may set it
 
     def r8(v):
         return (v + 7) // 8 * 8
 
-    w = nwarps
-    doubles = [3 * l1, 3 * l2, w * 3 * l1, 3 * lm, 3 * lm, 3 * lm, 3 * lm, w * 3 * (l1 + 1), w * l2]
+    doubles = [3 * l1, 3 * l2, w * 3 * l1, 3 * lm, 3 * lm, 3 * lm, 3 * lm, w * (l2 + 1), w * l2]
     ints = [l2, l2, l2, l2, w * l2, w * l2]
-    nbytes = [l1, l2, w * 2 * (l1 + 1), 2 * w * l2, w * (l1 + 1) * (l2 + 1)]
+    nbytes = [l1, l2, w * (l2 + 1), 2 * w * l2, w * (l1 + 1) * (l2 + 1)]
     return sum(r8(8 * d) for d in doubles) + sum(r8(4 * i) for i in ints) + sum(r8(b) for b in nbytes)
 
 
@@ -186,8 +203,9 @@ def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms, *
 
     Notes
     -----
-    Pairs run largest workspace first, in chunks whose workspace fits the device memory budget
-    (:func:`protgpu._memory.device_budget_bytes`), so memory does not grow with the number of pairs.
+    Pairs run by block size (:func:`block_config`), each group largest workspace first, in chunks whose
+    workspace fits the device memory budget (:func:`protgpu._memory.device_budget_bytes`), so memory
+    does not grow with the number of pairs.
     """
     import cupy as cp
 
@@ -202,37 +220,42 @@ def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms, *
     prof = np.zeros((n_pairs, len(PROFILE_SLOTS)), dtype=np.int64)
     if n_pairs == 0:
         return ([], prof) if profile else []
-    kernel = get_kernel("tmalign", "tmalign_pairs", defines=defines())
     coords = cp.asarray(packed.coords)
     chain_off = cp.asarray(packed.chain_off)
     chain_len = cp.asarray(packed.chain_len)
     maps = cp.empty(max(packed.map_total, 1), dtype=cp.int32)
     lens = packed.chain_len
-    ws = np.array([workspace_bytes(int(lens[a]), int(lens[b])) for a, b in packed.pair_chain.tolist()], dtype=np.int64)
-    order = np.argsort(-ws, kind="stable")
+    configs = [block_config(int(lens[a]), int(lens[b])) for a, b in packed.pair_chain.tolist()]
     budget = device_budget_bytes()
-    start = 0
-    while start < n_pairs:
-        stride = int(ws[order[start]])  # the largest of this chunk (sorted): every slice fits
-        step = min(rows_per_chunk(stride, n_pairs - start, budget), 1 << 20)
-        idx = order[start:start + step]
-        c = len(idx)
-        out_val = cp.empty((c, 4))
-        out_n = cp.empty(c, dtype=cp.int32)
-        out_rt = cp.empty((c, 12))
-        out_prof = cp.zeros((c, len(PROFILE_SLOTS)), dtype=cp.int64) if profile else None
-        work = cp.empty(c * stride, dtype=cp.uint8)
-        pair_chain = cp.asarray(np.ascontiguousarray(packed.pair_chain[idx]))
-        params = cp.asarray(np.ascontiguousarray(packed.params[idx]))
-        map_off = cp.asarray(np.ascontiguousarray(packed.map_off[idx]))
-        launch(kernel, (c,), (THREADS,), coords, chain_off, chain_len, pair_chain, params, map_off, np.int32(c), work,
-               np.int64(stride), out_val, out_n, out_rt, maps, out_prof)
-        values[idx] = cp.asnumpy(out_val)
-        n_ali[idx] = cp.asnumpy(out_n)
-        rt[idx] = cp.asnumpy(out_rt)
-        if profile:
-            prof[idx] = cp.asnumpy(out_prof)
-        del work
-        start += c
+    for threads, min_blocks in sorted(set(configs)):
+        kernel = get_kernel("tmalign", "tmalign_pairs", defines=defines(threads, min_blocks))
+        mine = np.flatnonzero([c == (threads, min_blocks) for c in configs])
+        ws = np.array([workspace_bytes(int(lens[a]), int(lens[b]), threads // 32)
+                       for a, b in packed.pair_chain[mine].tolist()], dtype=np.int64)
+        by_size = np.argsort(-ws, kind="stable")
+        order, ws = mine[by_size], ws[by_size]
+        start = 0
+        while start < len(order):
+            stride = int(ws[start])  # the largest of this chunk (sorted): every slice fits
+            step = min(rows_per_chunk(stride, len(order) - start, budget), 1 << 20)
+            idx = order[start:start + step]
+            c = len(idx)
+            out_val = cp.empty((c, 4))
+            out_n = cp.empty(c, dtype=cp.int32)
+            out_rt = cp.empty((c, 12))
+            out_prof = cp.zeros((c, len(PROFILE_SLOTS)), dtype=cp.int64) if profile else None
+            work = cp.empty(c * stride, dtype=cp.uint8)
+            pair_chain = cp.asarray(np.ascontiguousarray(packed.pair_chain[idx]))
+            params = cp.asarray(np.ascontiguousarray(packed.params[idx]))
+            map_off = cp.asarray(np.ascontiguousarray(packed.map_off[idx]))
+            launch(kernel, (c,), (threads,), coords, chain_off, chain_len, pair_chain, params, map_off, np.int32(c),
+                   work, np.int64(stride), out_val, out_n, out_rt, maps, out_prof)
+            values[idx] = cp.asnumpy(out_val)
+            n_ali[idx] = cp.asnumpy(out_n)
+            rt[idx] = cp.asnumpy(out_rt)
+            if profile:
+                prof[idx] = cp.asnumpy(out_prof)
+            del work
+            start += c
     rows = unpack(packed, values, n_ali, rt, cp.asnumpy(maps), seq_mobile, seq_target)
     return (rows, prof) if profile else rows

@@ -130,6 +130,42 @@ def test_a_thousand_residue_chain():
     np.testing.assert_array_equal(r.aligned[0], np.stack([np.arange(1000)] * 2, axis=1))
 
 
+@pytest.mark.parametrize(("threads", "min_blocks"), [(32, 8), (64, 4), (128, 2)])
+def test_block_sizes_give_the_same_alignments(stored, monkeypatch, threads, min_blocks):
+    """Every TA_THREADS a sweep may pick (gpu.THREADS; a block of one warp runs the block's DP on that
+    warp alone): the stored pairs still equal TM-align's numbers, and random chains (odd lengths, one
+    past a multiple of the warp, 300 residues) give the 256-thread block's results bit for bit (every
+    reduction runs on one warp's 32 lanes whatever the block size)."""
+    from protgpu.align import gpu
+
+    paths, pairs = stored
+    walks = [_walk(s, n) for s, n in ((31, 33), (32, 64), (33, 65), (34, 130), (35, 300), (36, 290))]
+    wp = [(0, 1), (1, 2), (2, 3), (3, 2), (4, 5), (5, 4), (3, 4)]
+    base = pg.tm_align(walks, walks, pairs=wp, device="gpu")
+    monkeypatch.setattr(gpu, "THREADS", threads)
+    monkeypatch.setattr(gpu, "MIN_BLOCKS", min_blocks)
+    assert_same(pg.tm_align(walks, walks, pairs=wp, device="gpu"), base, tol=0.0)
+    r = pg.tm_align(paths, paths, pairs=pairs, device="gpu")
+    for k, ref in enumerate(REFERENCE):
+        assert abs(r.tm_target[k] - ref["tm_target"]) < 1e-9 and abs(r.tm_mobile[k] - ref["tm_mobile"]) < 1e-9
+        assert (r.mobile_aligned[k], r.match[k], r.target_aligned[k]) == (
+            ref["mobile_aligned"], ref["match"], ref["target_aligned"]), (ref["mobile"], ref["target"])
+
+
+def test_block_sizes_by_length(monkeypatch):
+    """gpu.BUCKETS: pairs up to 100 residues on one-warp blocks, the others on the default; one call
+    with both gives the alignments of the default alone, in the pairs' order."""
+    from protgpu.align import gpu
+
+    walks = [_walk(s, n) for s, n in ((41, 60), (42, 95), (43, 101), (44, 180))]
+    pairs = [(0, 1), (2, 3), (1, 0), (3, 0), (1, 2)]
+    base = pg.tm_align(walks, walks, pairs=pairs, device="gpu")
+    monkeypatch.setattr(gpu, "BUCKETS", ((100, 32, 8),))
+    assert [gpu.block_config(len(walks[a]), len(walks[b])) for a, b in pairs][:3] == [
+        (32, 8), (gpu.THREADS, gpu.MIN_BLOCKS), (32, 8)]
+    assert_same(pg.tm_align(walks, walks, pairs=pairs, device="gpu"), base, tol=0.0)
+
+
 def check_tmalign_for_sanitizer() -> None:
     """tests/sanitize_kernels.py section "tmalign": odd sizes (5 residues, not multiples of a warp),
     one launch per pair (tiny budget) and one for all, each checked against the CPU path."""

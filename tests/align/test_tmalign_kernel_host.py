@@ -46,11 +46,25 @@ def lib(tmp_path_factory):
     return _build(tmp_path_factory)
 
 
+def _build_threads(tmp_path_factory, n, w, rows=None):
+    flags = [f"-DTMALIGN_HOST_THREADS={n}", f"-DTMALIGN_HOST_WARP={w}", "-pthread"]
+    return _build(tmp_path_factory, *flags, *([f"-DTA_DP_ROWS={rows}"] if rows else []))
+
+
 @pytest.fixture(scope="module")
-def lib_threads(tmp_path_factory):
-    """The kernel as a block of 12 concurrent threads in 3 "warps" of 4: strided loops, team reductions
-    and barriers as on the GPU (a missing barrier changes results here)."""
-    return _build(tmp_path_factory, "-DTMALIGN_HOST_THREADS=12", "-DTMALIGN_HOST_WARP=4", "-pthread")
+def lib_one_warp(tmp_path_factory):
+    """A block of one "warp" of 4 concurrent threads (TA_THREADS = 32 on the GPU: the block's DP runs
+    its strips one after another), 2 DP rows a lane."""
+    return _build_threads(tmp_path_factory, 4, 4, 2)
+
+
+@pytest.fixture(scope="module", params=[(12, 4, None), (8, 4, 1)], ids=["3warps", "2warps-R1"])
+def lib_threads(tmp_path_factory, request):
+    """The kernel as a block of concurrent threads in "warps" of 4: strided loops, team reductions,
+    barriers and the DP's shuffles and progress flags as on the GPU (a missing barrier changes results
+    here). Three warps (the block's DP pipelines its strips over them; rows a lane as the kernel picks
+    them), two warps with 1 row a lane."""
+    return _build_threads(tmp_path_factory, *request.param)
 
 
 def host_align(so, mobile, target, pairs=None, l_norms=None):
@@ -105,17 +119,26 @@ def test_stored_pairs_match_tm_align(lib, datasets):
         assert row.tm == row.tm_target
 
 
-def test_concurrent_block_gives_the_same_results(lib, lib_threads, datasets):
+def test_concurrent_block_gives_the_same_results(lib, lib_threads, lib_one_warp, datasets):
+    """A block of several warps equals TM-align's numbers, the one-thread build to 1e-12 (another sum
+    order), and a block of one warp of the same width bit for bit (the block size changes how the work
+    is spread, not a result: what makes every TA_THREADS on the GPU give the same results)."""
     rows = [r for r in REFERENCE if max(r["L1"], r["L2"]) < 80][:3]
     chains = {f: _chain(datasets, f) for r in rows for f in (r["mobile"], r["target"])}
     for ref in rows:
-        one = host_align(lib, [chains[ref["mobile"]]], [chains[ref["target"]]])[0]
-        many = host_align(lib_threads, [chains[ref["mobile"]]], [chains[ref["target"]]])[0]
+        pair = [chains[ref["mobile"]]], [chains[ref["target"]]]
+        one = host_align(lib, *pair)[0]
+        many = host_align(lib_threads, *pair)[0]
+        warp = host_align(lib_one_warp, *pair)[0]
         assert abs(many.tm_target - ref["tm_target"]) < 1e-9 and abs(many.tm_mobile - ref["tm_mobile"]) < 1e-9
         assert (many.mobile_aligned, many.match, many.target_aligned) == (
             ref["mobile_aligned"], ref["match"], ref["target_aligned"])
         for name in ("tm_target", "tm_mobile", "rmsd"):
             assert abs(getattr(many, name) - getattr(one, name)) < 1e-12, name
+            assert getattr(many, name) == getattr(warp, name), name
+        np.testing.assert_array_equal(many.rotation, warp.rotation)
+        np.testing.assert_array_equal(many.translation, warp.translation)
+        np.testing.assert_array_equal(many.aligned, warp.aligned)
 
 
 @pytest.mark.parametrize("normalize_by", ["mobile", "average", 123.5])
