@@ -102,7 +102,11 @@ def default_configs() -> list[tuple[str, dict, bool]]:
             out.append(("attention_flash", lse, False))
             if cfg["FA_WGMMA"]:
                 out.append(("attention_flash", lse, True))
-            out += [("attention_flash_bwd", flash_backward.bwd_config(p, d), False) for p in ("bfloat16", "float16")]
+            for p in ("bfloat16", "float16"):
+                bwd = flash_backward.bwd_config(p, d)
+                out.append(("attention_flash_bwd", bwd, False))
+                if bwd["BW_MMA"] == 2:  # the wgmma backward (flash_bwd_wg_*): sm_90a
+                    out.append(("attention_flash_bwd", bwd, True))
     finally:
         flash.FLASH_OVERRIDES.update(saved)
     return out

@@ -59,21 +59,22 @@ def bwd_smem_bytes(d: int, bm: int, bn: int, itemsize: int) -> int:
 
 
 def bwd_config(precision: str, d: int) -> dict:
-    """Compile-time knobs of ``attention_flash_bwd.cu``: ``HEAD_DIM``, ``BW_KIND``; ``BW_MMA`` 1 when the
-    tensor-core backward ``flash_bwd_mma_*`` runs the call (16-bit, ``d`` a multiple of 16 up to
-    ``MMA_MAX_HEAD_DIM``), else 0: the CUDA-core ``flash_bwd_*`` with square tiles ``BW_BM = BW_BN``, the
-    largest of 32, 16, 8 whose shared memory fits 48 KB. ``BWD_OVERRIDES`` replaces any knob:
-    ``BW_MMA=0`` forces the CUDA-core kernel, ``BW_MMA=2`` asks for the wgmma kernel ``flash_bwd_wg_*``
-    (kept at 2 where it applies, 16-bit with ``d = WG_HEAD_DIM``, else lowered to 1; it runs on a
-    compute capability 9.0 device, the mma.sync kernel elsewhere: :func:`bwd_variant`); with it
-    ``BWG_DQ_MMA=1`` computes that kernel's dQ product on mma.sync instead of wgmma, and ``BWG_DQ_BULK=1``
-    adds its dQ by bulk reductions of staged rows instead of ``red.global``."""
+    """Compile-time knobs of ``attention_flash_bwd.cu``: ``HEAD_DIM``, ``BW_KIND``; ``BW_MMA``, which
+    tensor-core backward runs the call (16-bit, ``d`` a multiple of 16 up to ``MMA_MAX_HEAD_DIM``): 2, the
+    wgmma kernel ``flash_bwd_wg_*``, at ``d = WG_HEAD_DIM`` (it runs on a compute capability 9.0 device,
+    the mma.sync kernel elsewhere: :func:`bwd_variant`), else 1, the mma.sync kernel ``flash_bwd_mma_*``;
+    0 otherwise: the CUDA-core ``flash_bwd_*`` with square tiles ``BW_BM = BW_BN``, the largest of 32, 16,
+    8 whose shared memory fits 48 KB. ``BWD_OVERRIDES`` replaces any knob: ``BW_MMA=0`` forces the
+    CUDA-core kernel, ``BW_MMA=1`` the mma.sync one (``BW_MMA=2`` is lowered to 1 where the wgmma kernel
+    does not apply); with the wgmma kernel ``BWG_DQ_MMA=1`` computes its dQ product on mma.sync instead
+    of wgmma, and ``BWG_DQ_BULK=1`` adds its dQ by bulk reductions of staged rows instead of
+    ``red.global``."""
     itemsize = 8 if precision == "float64" else 4
     tile = next((t for t in (32, 16, 8) if bwd_smem_bytes(d, t, t, itemsize) <= _STATIC_SMEM), None)
     if tile is None:
         raise InputError(f"head dimension {d} is too large for the attention backward kernel")
     mma = precision in ("bfloat16", "float16") and d % 16 == 0 and d <= MMA_MAX_HEAD_DIM
-    cfg = {"BW_BM": tile, "BW_BN": tile, "BW_MMA": int(mma)}
+    cfg = {"BW_BM": tile, "BW_BN": tile, "BW_MMA": 2 * int(mma)}  # (lowered to 1 below where wgmma does not apply)
     cfg.update(BWD_OVERRIDES)
     want = int(cfg["BW_MMA"])
     cfg["BW_MMA"] = 0 if not (mma and want) else (2 if want >= 2 and d == WG_HEAD_DIM else 1)

@@ -38,7 +38,9 @@ def test_backward_entries_compile_with_bodies(precision):
         if precision in ("bfloat16", "float16"):
             bodied.add(f"flash_bwd_dq_{sfx}")
             if d <= fb.MMA_MAX_HEAD_DIM:  # the tensor-core backward (beyond: the CUDA-core one alone)
-                assert cfg["BW_MMA"] == 1
+                # (d = 64 defaults to the wgmma kernel, whose body exists for sm_90a only: the mma.sync
+                # kernel beside it is the one sm_80 runs)
+                assert cfg["BW_MMA"] == (2 if d == fb.WG_HEAD_DIM else 1)
                 bodied.add(f"flash_bwd_mma_{sfx}")
         sizes = text_sizes(bytes(compile_cubin("attention_flash_bwd", arch, cfg, cache=False).code))
         # (an empty kernel is an EXIT and padding: 256 bytes)
@@ -81,10 +83,12 @@ def test_wgmma_backward_dq_knobs_compile(knobs, monkeypatch):
 
 
 def test_bw_mma_knob(monkeypatch):
-    assert fb.bwd_config("bfloat16", 64)["BW_MMA"] == 1  # the default stays on the mma.sync kernel
-    for want, d, prec, got in ((2, 64, "bfloat16", 2), (2, 64, "float16", 2), (2, 32, "bfloat16", 1),
-                               (2, 48, "float16", 1), (2, 64, "float32", 0), (0, 64, "bfloat16", 0),
-                               (1, 128, "bfloat16", 0)):
+    # the defaults: wgmma at d = 64 in 16 bits, mma.sync for the other tensor-core sizes, none in 32 bits
+    assert [fb.bwd_config(p, d)["BW_MMA"] for p, d in (("bfloat16", 64), ("float16", 64), ("bfloat16", 32),
+                                                        ("float16", 16), ("float32", 64))] == [2, 2, 1, 1, 0]
+    for want, d, prec, got in ((1, 64, "bfloat16", 1), (2, 64, "bfloat16", 2), (2, 64, "float16", 2),
+                               (2, 32, "bfloat16", 1), (2, 48, "float16", 1), (2, 64, "float32", 0),
+                               (0, 64, "bfloat16", 0), (1, 128, "bfloat16", 0)):
         monkeypatch.setattr(fb, "BWD_OVERRIDES", {"BW_MMA": want})
         assert fb.bwd_config(prec, d)["BW_MMA"] == got, (want, d, prec)
 

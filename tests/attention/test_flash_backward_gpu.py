@@ -172,7 +172,7 @@ def test_tile_shape_changes_only_rounding(gpu, dtype, tiles, monkeypatch):
         assert err(a, b) <= tol * max(1.0, scale_of(b))
 
 
-# The tensor-core backward kernels (bwd_config's BW_MMA): mma.sync (the default) and wgmma (sm_90a, d = 64;
+# The tensor-core backward kernels (bwd_config's BW_MMA): mma.sync and wgmma (sm_90a, d = 64, the default there;
 # elsewhere BW_MMA=2 runs the mma.sync kernel, so the "wg" cases below test that fallback there).
 # "wg-dqmma": the wgmma kernel with dQ on mma.sync (BWG_DQ_MMA=1, the fallback for its one product whose A
 # operand is a transposed shared-memory tile); "wg-bulk": dQ added by bulk reductions (BWG_DQ_BULK=1).
