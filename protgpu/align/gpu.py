@@ -292,41 +292,49 @@ def finish(packed: Packed, pair_chain, map_off, values, n_aligned, rt, maps, seq
     l2 = packed.chain_len[b].astype(np.int64)
     pid = np.arange(n_pairs)
     # every pair's map, gathered flat (pair after pair), and its aligned entries
-    y_off = np.cumsum(l2) - l2
-    p_y = np.repeat(pid, l2)
+    y_end = np.cumsum(l2)
+    y_off = y_end - l2
     map_off = np.asarray(map_off, dtype=np.int64).reshape(n_pairs)
     if np.array_equal(map_off - map_off[0], y_off):  # maps laid end to end, as pack and the pieces lay them
-        y2x = np.asarray(maps)[map_off[0]:map_off[0] + len(p_y)]
+        y2x = np.asarray(maps)[map_off[0]:map_off[0] + int(y_end[-1])]
     else:
-        y2x = np.asarray(maps)[np.repeat(map_off - y_off, l2) + np.arange(len(p_y))]
-    sel = np.flatnonzero(y2x >= 0)
-    p_a = p_y[sel]
-    ja = sel - y_off[p_a]
+        y2x = np.asarray(maps)[np.repeat(map_off - y_off, l2) + np.arange(int(y_end[-1]))]
+    aligned_mask = y2x >= 0
+    sel = np.flatnonzero(aligned_mask)
+    upto = np.concatenate([[0], np.cumsum(aligned_mask)])
+    counts = upto[y_end] - upto[y_off]
+    p_a = np.repeat(pid, counts)
+    ja = sel - np.repeat(y_off, counts)
     ia = y2x[sel].astype(np.int64)
-    counts = np.bincount(p_a, minlength=n_pairs)
     ali_off = np.concatenate([[0], np.cumsum(counts)])
-    # distances under each pair's superposition, all pairs at once; pairs with a distance within
-    # rounding of the cutoff redo it as tm_align_pair writes it (another sum order could flip them)
-    xyz = packed.coords.T
-    xs = xyz[:, packed.chain_off[a][p_a] + np.minimum(ia, (l1 - 1)[p_a])]  # (a bad index: redone below)
-    ys = xyz[:, packed.chain_off[b][p_a] + ja]
-    m = np.repeat(rt.T, counts, axis=1)
-    d2 = np.zeros(len(sel))
-    for j in range(3):
-        c = xs[0] * m[3 * j] + xs[1] * m[3 * j + 1] + xs[2] * m[3 * j + 2] + m[9 + j] - ys[j]
-        d2 += c * c
-    dist = np.sqrt(d2)
-    close = dist < CLOSE_PAIR
-    scale = 1.0 + (float(np.abs(packed.coords).max()) if len(packed.coords) else 0.0) + float(np.abs(rt[:, 9:]).max())
-    near = np.abs(dist - CLOSE_PAIR) <= 1e-9 * scale
     # pairs _gapped_many does not take (non-ASCII letters, indices outside the sequences or the chain,
     # a map that goes back): the per-pair code, which behaves as before on them
-    odd = np.zeros(n_pairs, dtype=bool)
-    odd[p_a[near]] = True
-    odd |= ~(seqs.ascii[a] & seqs.ascii[b])
-    bad = (ia >= np.minimum(seqs.length[a], l1)[p_a]) | (ja >= seqs.length[b][p_a])
+    odd = ~(seqs.ascii[a] & seqs.ascii[b])
+    bad = (ia >= np.repeat(np.minimum(seqs.length[a], l1), counts)) | (ja >= np.repeat(seqs.length[b], counts))
     bad[1:] |= (p_a[1:] == p_a[:-1]) & (ia[1:] <= ia[:-1])
     odd[p_a[bad]] = True
+    # distances under each pair's superposition, all pairs at once; pairs with a distance within
+    # rounding of the cutoff redo it as tm_align_pair writes it (another sum order could flip them)
+    flat = packed.coords.reshape(-1)
+    rx = 3 * (np.repeat(packed.chain_off[a], counts) + (np.minimum(ia, np.repeat(l1 - 1, counts)) if bad.any() else ia))
+    ry = 3 * (np.repeat(packed.chain_off[b], counts) + ja)
+    x = [np.take(flat, rx + j) for j in range(3)]
+    m = np.repeat(rt.T, counts, axis=1)
+    d2 = np.zeros(len(sel))
+    scale = 1.0 + (float(np.abs(rt[:, 9:]).max()) if n_pairs else 0.0)
+    for j in range(3):
+        y = np.take(flat, ry + j)
+        c = x[0] * m[3 * j]
+        c += x[1] * m[3 * j + 1]
+        c += x[2] * m[3 * j + 2]
+        c += m[9 + j]
+        c -= y
+        d2 += c * c
+        if len(sel):
+            scale += float(np.abs(x[j]).max()) + float(np.abs(y).max())
+    dist = np.sqrt(d2)
+    close = dist < CLOSE_PAIR
+    odd[p_a[np.abs(dist - CLOSE_PAIR) <= 1e-9 * scale]] = True
     ok = ~odd
     aligned = np.stack([ia, ja], axis=1)
     n = np.asarray(n_aligned).reshape(n_pairs).astype(np.int64)
@@ -410,7 +418,7 @@ def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms, *
     seqs = letters(seq_mobile, seq_target)
     dev = _Inputs(cp.asarray(packed.coords), cp.asarray(packed.chain_off), cp.asarray(packed.chain_len))
     uploaded = cp.cuda.get_current_stream().record()  # the pieces' streams wait for the uploads
-    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(max(1, PIECES))]
+    streams = _piece_streams(cp, max(1, PIECES))
     for s in streams:
         s.wait_event(uploaded)
     lens = packed.chain_len
@@ -448,6 +456,17 @@ def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms, *
 #: others run; pieces of at least MIN_PIECE pairs.
 PIECES = 4
 MIN_PIECE = 256
+
+
+#: Per device, the streams the pieces run on (kept: their memory pool arenas are reused call after call).
+_STREAMS: dict = {}
+
+
+def _piece_streams(cp, n: int) -> list:
+    have = _STREAMS.setdefault(cp.cuda.Device().id, [])
+    while len(have) < n:
+        have.append(cp.cuda.Stream(non_blocking=True))
+    return have[:n]
 
 
 class _Inputs(NamedTuple):

@@ -421,38 +421,43 @@ def _gapped_many(codes, x_start, x_len, y_start, y_len, counts, ia, ja, close):
     same : int64, shape (P,)
         Identical aligned letters per pair.
     """
-    x_start, x_len, y_start, y_len, counts = (np.asarray(v, dtype=np.int64).reshape(-1) for v in
+    n_letters = int(np.sum(x_len)) + int(np.sum(y_len))
+    # int32 indices where they fit (half the memory traffic of int64: this is memory-bound)
+    it = np.int32 if len(codes) + 2 * n_letters + len(counts) < 2**31 - 1 else np.int64
+    x_start, x_len, y_start, y_len, counts = (np.asarray(v).astype(it).reshape(-1) for v in
                                               (x_start, x_len, y_start, y_len, counts))
-    ia = np.asarray(ia, dtype=np.int64)
-    ja = np.asarray(ja, dtype=np.int64)
+    ia = np.asarray(ia).astype(it)
+    ja = np.asarray(ja).astype(it)
     n_pairs = len(counts)
-    p_a = np.repeat(np.arange(n_pairs), counts)
-    ali_end = np.cumsum(counts)
+    p_a = np.repeat(np.arange(n_pairs, dtype=it), counts)
+    ali_end = np.cumsum(counts, dtype=it)
     has = counts > 0
     first = (ali_end - counts)[has]
-    i_prev = np.concatenate([[-1], ia[:-1]])  # the aligned pair before, -1 at a pair's first
-    j_prev = np.concatenate([[-1], ja[:-1]])
+    i_prev = np.empty_like(ia)  # the aligned pair before, -1 at a pair's first
+    j_prev = np.empty_like(ja)
+    i_prev[1:], j_prev[1:] = ia[:-1], ja[:-1]
     i_prev[first] = -1
     j_prev[first] = -1
-    i_last = np.where(has, np.concatenate([ia, [-1]])[ali_end - 1], -1)
-    j_last = np.where(has, np.concatenate([ja, [-1]])[ali_end - 1], -1)
-    x_off = np.cumsum(x_len) - x_len  # the pairs' letters end to end
-    y_off = np.cumsum(y_len) - y_len
+    i_last = np.where(has, np.concatenate([ia, np.array([-1], it)])[ali_end - 1], -1).astype(it)
+    j_last = np.where(has, np.concatenate([ja, np.array([-1], it)])[ali_end - 1], -1).astype(it)
+    x_off = np.cumsum(x_len, dtype=it) - x_len  # the pairs' letters end to end
+    y_off = np.cumsum(y_len, dtype=it) - y_len
     s1, s2 = int(x_len.sum()), int(y_len.sum())
     total = s1 + s2 - len(ia) + n_pairs  # columns, with one NUL a pair
+    ramp = np.arange(max(s1, s2), dtype=it)
     # mobile line: dashes before each aligned mobile residue; after the pair's letters, the rest and the NUL
-    col_x = _columns(s1, np.concatenate([x_off[p_a] + ia, x_off + x_len]),
+    col_x = _columns(ramp[:s1], np.concatenate([x_off[p_a] + ia, x_off + x_len]),
                      np.concatenate([ja - j_prev - 1, y_len - j_last]))
     top = np.full(total, ord("-"), dtype=np.uint8)
-    top[col_x] = codes[np.arange(s1) + np.repeat(x_start - x_off, x_len)]
+    top[col_x] = codes[ramp[:s1] + np.repeat(x_start - x_off, x_len)]
     # target line: dashes after each aligned target residue (before the unaligned ones that follow)
-    col_y = _columns(s2, np.concatenate([y_off[p_a] + j_prev + 1, y_off + j_last + 1, y_off + y_len]),
-                     np.concatenate([ia - i_prev - 1, x_len - i_last - 1, np.ones(n_pairs, dtype=np.int64)]))
+    col_y = _columns(ramp[:s2], np.concatenate([y_off[p_a] + j_prev + 1, y_off + j_last + 1, y_off + y_len]),
+                     np.concatenate([ia - i_prev - 1, x_len - i_last - 1, np.ones(n_pairs, dtype=it)]))
     bottom = np.full(total, ord("-"), dtype=np.uint8)
-    bottom[col_y] = codes[np.arange(s2) + np.repeat(y_start - y_off, y_len)]
+    bottom[col_y] = codes[ramp[:s2] + np.repeat(y_start - y_off, y_len)]
     mid = np.full(total, ord(" "), dtype=np.uint8)
     mid[col_x[x_off[p_a] + ia]] = np.where(np.asarray(close, dtype=bool), ord(":"), ord("."))
-    ends = np.cumsum(x_len + y_len - counts + 1) - 1
+    ends = np.cumsum(x_len + y_len - counts + 1, dtype=np.int64) - 1
     eq = codes[x_start[p_a] + ia] == codes[y_start[p_a] + ja]
     same = np.bincount(p_a, weights=eq, minlength=n_pairs).astype(np.int64)
     out = []
@@ -462,11 +467,12 @@ def _gapped_many(codes, x_start, x_len, y_start, y_len, counts, ia, ja, close):
     return out[0], out[1], out[2], same
 
 
-def _columns(n: int, at, dashes) -> np.ndarray:
-    """Columns of n letters laid end to end with ``dashes[k]`` columns inserted before letter ``at[k]``
-    (``at`` may repeat, and be n: after the last letter)."""
-    ins = np.zeros(n + 1, dtype=np.int64)
+def _columns(ramp, at, dashes) -> np.ndarray:
+    """Columns of n letters laid end to end (``ramp`` = arange(n)) with ``dashes[k]`` columns inserted
+    before letter ``at[k]`` (``at`` may repeat, and be n: after the last letter)."""
+    n = len(ramp)
+    ins = np.zeros(n + 1, dtype=ramp.dtype)
     np.add.at(ins, at, dashes)
     np.cumsum(ins, out=ins)
-    ins[:n] += np.arange(n)
+    ins[:n] += ramp
     return ins[:n]

@@ -236,7 +236,8 @@ def _fake_cupy():
     cp.empty, cp.zeros = np.empty, np.zeros
     cp.uint8, cp.int32, cp.int64 = np.uint8, np.int32, np.int64
     cp.asnumpy = lambda a, stream=None: np.array(a)
-    cp.cuda = types.SimpleNamespace(Stream=_Stream, get_current_stream=_Stream)
+    cp.cuda = types.SimpleNamespace(Stream=_Stream, get_current_stream=_Stream,
+                                    Device=lambda: types.SimpleNamespace(id=0))
     return cp
 
 
@@ -271,6 +272,7 @@ def _stand_in_device(monkeypatch, launched):
     monkeypatch.setattr(_cuda, "get_kernel", lambda *a, **k: "tmalign_pairs")
     monkeypatch.setattr(_cuda, "launch", _cpu_kernel(launched))
     monkeypatch.setattr(api, "resolve_device", lambda device: "gpu" if device == "gpu" else "cpu")
+    monkeypatch.setattr(gpu, "_STREAMS", {})
     yield
 
 
