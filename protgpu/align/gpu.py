@@ -305,7 +305,7 @@ def finish(packed: Packed, pair_chain, map_off, values, n_aligned, rt, maps, seq
     counts = upto[y_end] - upto[y_off]
     p_a = np.repeat(pid, counts)
     ja = sel - np.repeat(y_off, counts)
-    ia = y2x[sel].astype(np.int64)
+    ia = np.take(y2x, sel).astype(np.int64)
     ali_off = np.concatenate([[0], np.cumsum(counts)])
     # pairs _gapped_many does not take (non-ASCII letters, indices outside the sequences or the chain,
     # a map that goes back): the per-pair code, which behaves as before on them

@@ -446,19 +446,20 @@ def _gapped_many(codes, x_start, x_len, y_start, y_len, counts, ia, ja, close):
     total = s1 + s2 - len(ia) + n_pairs  # columns, with one NUL a pair
     ramp = np.arange(max(s1, s2), dtype=it)
     # mobile line: dashes before each aligned mobile residue; after the pair's letters, the rest and the NUL
-    col_x = _columns(ramp[:s1], np.concatenate([x_off[p_a] + ia, x_off + x_len]),
+    col_x = _columns(ramp[:s1], np.concatenate([np.repeat(x_off, counts) + ia, x_off + x_len]),
                      np.concatenate([ja - j_prev - 1, y_len - j_last]))
     top = np.full(total, ord("-"), dtype=np.uint8)
-    top[col_x] = codes[ramp[:s1] + np.repeat(x_start - x_off, x_len)]
+    top[col_x] = np.take(codes, ramp[:s1] + np.repeat(x_start - x_off, x_len))
     # target line: dashes after each aligned target residue (before the unaligned ones that follow)
-    col_y = _columns(ramp[:s2], np.concatenate([y_off[p_a] + j_prev + 1, y_off + j_last + 1, y_off + y_len]),
+    col_y = _columns(ramp[:s2],
+                     np.concatenate([np.repeat(y_off, counts) + j_prev + 1, y_off + j_last + 1, y_off + y_len]),
                      np.concatenate([ia - i_prev - 1, x_len - i_last - 1, np.ones(n_pairs, dtype=it)]))
     bottom = np.full(total, ord("-"), dtype=np.uint8)
-    bottom[col_y] = codes[ramp[:s2] + np.repeat(y_start - y_off, y_len)]
+    bottom[col_y] = np.take(codes, ramp[:s2] + np.repeat(y_start - y_off, y_len))
     mid = np.full(total, ord(" "), dtype=np.uint8)
-    mid[col_x[x_off[p_a] + ia]] = np.where(np.asarray(close, dtype=bool), ord(":"), ord("."))
+    mid[np.take(col_x, np.repeat(x_off, counts) + ia)] = np.where(np.asarray(close, dtype=bool), ord(":"), ord("."))
     ends = np.cumsum(x_len + y_len - counts + 1, dtype=np.int64) - 1
-    eq = codes[x_start[p_a] + ia] == codes[y_start[p_a] + ja]
+    eq = np.take(codes, np.repeat(x_start, counts) + ia) == np.take(codes, np.repeat(y_start, counts) + ja)
     same = np.bincount(p_a, weights=eq, minlength=n_pairs).astype(np.int64)
     out = []
     for line in (top, mid, bottom):
