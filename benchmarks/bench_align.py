@@ -511,8 +511,9 @@ def host_seconds(gpu, chains, pairs, norms, seqs, res, repeats: int = 1) -> dict
 def quick_throughput(args) -> dict:
     """``--quick``: the GPU kernel alone on synthetic random-walk chains of exactly 100, 300 and 1,000
     residues (48 chains per size, random pairs, seed 0; ``--quick-scale`` multiplies the pair counts):
-    pairs/s end to end (``tm_align_gpu``: pack, kernel, unpack; and ``pg.tm_align``, the API, in
-    ``api_pairs_s``) and of the kernel (end to end less the host's pack, plan and unpack, timed apart:
+    pairs/s end to end (``tm_align_gpu``: pack, kernel, unpack; with each chunk launched whole,
+    ``gpu.PIECES = 1``, in ``one_piece_pairs_s``; and ``pg.tm_align``, the API, in ``api_pairs_s``) and of
+    the kernel (end to end less the host's pack, plan and unpack, timed apart:
     ``host_s``; the host unpacks a chunk's first pieces while the later ones run, so this is an
     upper bound of what the host adds), then one ``profile=True`` run: each stage's share of the SM
     cycles (the five initial alignments with their refinement and the final scores), and across stages
@@ -552,11 +553,19 @@ def quick_throughput(args) -> dict:
         cp.cuda.Device().synchronize()
         api = time.perf_counter() - t0
         host = sum(host_seconds(gpu, chains, pairs, norms, seqs, res).values())
+        pieces, gpu.PIECES = gpu.PIECES, 1  # the same pairs launched whole, unpacked after (no overlap)
+        try:
+            t0 = time.perf_counter()
+            run(pairs)
+            whole = time.perf_counter() - t0
+        finally:
+            gpu.PIECES = pieces
         _, prof = run(pairs, profile=True)
         cyc = prof.sum(axis=0).astype(np.float64)
         stages = cyc[:6].sum()
         row = {"size": size, "pairs": n, "threads": gpu.THREADS, "min_blocks": gpu.MIN_BLOCKS, "pieces": gpu.PIECES,
-               "pairs_s": n / total, "api_pairs_s": n / api, "kernel_pairs_s": n / max(total - host, 1e-9),
+               "pairs_s": n / total, "one_piece_pairs_s": n / whole, "api_pairs_s": n / api,
+               "kernel_pairs_s": n / max(total - host, 1e-9),
                "host_s": host}
         for k, name in enumerate(gpu.PROFILE_SLOTS[:6]):
             row[name] = cyc[k] / stages if stages else float("nan")

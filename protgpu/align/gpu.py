@@ -6,7 +6,9 @@ returns per pair the TM-scores, RMSD, aligned count, superposition and the align
 mobile residue of each target residue). This module packs the chains once (every CA concatenated, with
 offsets), computes the per-pair parameters exactly as the CPU path does, launches the pairs in chunks
 that keep the kernel's workspace (DP traceback and scratch, ~(L1 + 1)(L2 + 1) bytes a pair) under the
-device memory budget, and builds the printed alignment on the host with the CPU path's helper.
+device memory budget, each chunk as a few concurrent pieces, and builds the printed alignment on the host
+for all pairs of a piece at once (``numpy_twin._gapped_many``, equal to the CPU path's ``_gapped``) while
+the later pieces run (``docs/design/tm-align.md``, "Host side").
 
 The same kernel source compiles on the host as plain C++ (``TMALIGN_HOST``): the host test
 (``tests/align/test_tmalign_kernel_host.py``) runs it through :func:`pack` and :func:`unpack` too.
