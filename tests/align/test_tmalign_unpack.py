@@ -165,6 +165,23 @@ def test_unpack_equals_the_per_pair_code(seed):
         _assert_rows_equal(got[p], want)
 
 
+def test_finish_of_some_pairs_in_any_order():
+    """gpu.finish on a subset of the pairs in another order, their maps where pack put them (not end to
+    end), gives those pairs' rows of unpack."""
+    rng = np.random.default_rng(5)
+    chains = [_walk(rng, int(n)) for n in (7, 19, 26, 12)]
+    seqs = ["".join(rng.choice(list("ACDGX"), len(c))) for c in chains]
+    pairs = rng.integers(0, 4, size=(20, 2))
+    pk = gpu.pack(chains, chains, pairs, [float(len(chains[b])) for b in pairs[:, 1]])
+    values, n_ali, rt, maps = _outputs(rng, pk)
+    whole = gpu.unpack(pk, values, n_ali, rt, maps, seqs, seqs)
+    idx = np.array([13, 2, 19, 7, 8, 0])
+    part = gpu.finish(pk, pk.pair_chain[idx], pk.map_off[idx], values[idx], n_ali[idx], rt[idx], maps,
+                      gpu.letters(seqs, seqs))
+    for k, p in enumerate(idx.tolist()):
+        _assert_rows_equal(part[k], whole[p])
+
+
 def test_near_cutoff_distances_take_the_exact_expression():
     """An aligned pair at 5 A to the last bit is marked as tm_align_pair's expression marks it (the
     vectorised distances are another sum order: those within rounding of the cutoff are redone)."""
