@@ -30,11 +30,13 @@ the results file keeps the parts of earlier runs, so the parts can be run in sep
     python3 benchmarks/bench_align.py [--parts a,b,c,d] [--jobs N] [--pairs P] [--queries Q]
         [--entries N] [--gpu-pairs P] [--device auto|cpu|gpu] [--json PATH]
     python3 benchmarks/bench_align.py --merge part1.json part2.json ... [--json PATH]
-    python3 benchmarks/bench_align.py --quick [--quick-scale S] [--threads T --min-blocks M] [--json PATH]
+    python3 benchmarks/bench_align.py --quick [--quick-scale S] [--threads T --min-blocks M] [--pieces K] [--json PATH]
+    python3 benchmarks/bench_align.py --host-only [--quick-scale S] [--json PATH]
 
 ``--quick`` runs only the GPU kernel on synthetic chains of 100, 300 and 1,000 residues, with each
 stage's share of the SM cycles (``quick_throughput``; under a minute and a half on an H200), and writes
-``results/align-quick-<device>.json``.
+``results/align-quick-<device>.json``. ``--host-only`` times the GPU path's host work per pair (pack, launch
+plan, unpack) without a GPU (``host_throughput``) and writes ``results/align-host-<device>.json``.
 
 Writes ``results/align-<device>.json`` (merging the parts already there; ``--merge`` joins the parts of
 files written by separate runs, each part keeping its own machine and arguments).
@@ -467,21 +469,66 @@ def quick_walk(rng, n: int) -> np.ndarray:
 QUICK_SIZES = ((100, 4000), (300, 1000), (1000, 100))
 
 
+def kernel_outputs(pk, res) -> tuple:
+    """What the kernel would return for the packed pairs ``pk`` whose results are ``res`` (a
+    ``gpu.AlignmentBatch`` or ``TMAlignResult``, pair k of ``pk`` taking row k): values (P, 4),
+    n_aligned (P,), rotation and translation (P, 12), the flat maps (map_total,)."""
+    n = len(pk.pair_chain)
+    values = np.stack([res.tm_mobile, res.tm_target, res.tm, res.rmsd], axis=1)
+    rt = np.concatenate([np.asarray(res.rotation).reshape(n, 9), np.asarray(res.translation).reshape(n, 3)], axis=1)
+    maps = np.full(max(pk.map_total, 1), -1, np.int32)
+    for k in range(n):
+        a = res.aligned[k]
+        maps[pk.map_off[k] + a[:, 1]] = a[:, 0]
+    return values, np.asarray(res.n_aligned), rt, maps
+
+
+def host_seconds(gpu, chains, pairs, norms, seqs, res, repeats: int = 1) -> dict:
+    """Seconds of the GPU path's host work for these pairs (the fastest of ``repeats``): ``pack`` (chains
+    and per-pair parameters), ``plan`` (block sizes, workspace, order) and ``unpack`` of the results
+    ``res`` (the aligned pairs, match line, gapped sequences and identity from the kernel's outputs)."""
+    best = {"pack": np.inf, "plan": np.inf, "unpack": np.inf}
+    outputs = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        pk = gpu.pack(chains, chains, pairs, norms)
+        t1 = time.perf_counter()
+        lens = pk.chain_len
+        l1, l2 = lens[pk.pair_chain[:, 0]], lens[pk.pair_chain[:, 1]]
+        gpu.block_configs(l1, l2)
+        np.argsort(-np.asarray(gpu.workspace_bytes(l1, l2)), kind="stable")
+        t2 = time.perf_counter()
+        if outputs is None:
+            outputs = kernel_outputs(pk, res)
+        t3 = time.perf_counter()
+        gpu.unpack(pk, *outputs, seqs, seqs)
+        t4 = time.perf_counter()
+        for key, t in (("pack", t1 - t0), ("plan", t2 - t1), ("unpack", t4 - t3)):
+            best[key] = min(best[key], t)
+    return best
+
+
 def quick_throughput(args) -> dict:
     """``--quick``: the GPU kernel alone on synthetic random-walk chains of exactly 100, 300 and 1,000
     residues (48 chains per size, random pairs, seed 0; ``--quick-scale`` multiplies the pair counts):
-    pairs/s end to end (``tm_align_gpu``: pack, kernel, unpack) and of the kernel (end to end less the
-    host's pack and unpack, timed apart), then one ``profile=True`` run: each stage's share of the SM
+    pairs/s end to end (``tm_align_gpu``: pack, kernel, unpack; with each chunk launched whole,
+    ``gpu.PIECES = 1``, in ``one_piece_pairs_s``; and ``pg.tm_align``, the API, in ``api_pairs_s``) and of
+    the kernel (end to end less the host's pack, plan and unpack, timed apart:
+    ``host_s``; the host unpacks a chunk's first pieces while the later ones run, so this is an
+    upper bound of what the host adds), then one ``profile=True`` run: each stage's share of the SM
     cycles (the five initial alignments with their refinement and the final scores), and across stages
     the shares of the DP, the TM-score searches and the quick scores."""
     import cupy as cp
 
+    import protgpu as pg
     from protgpu.align import gpu
 
     if args.threads:
         gpu.THREADS = args.threads
     if args.min_blocks:
         gpu.MIN_BLOCKS = args.min_blocks
+    if args.pieces:
+        gpu.PIECES = args.pieces
     rng = np.random.default_rng(SEED)
     rows = []
     for size, count in QUICK_SIZES:
@@ -501,22 +548,25 @@ def quick_throughput(args) -> dict:
         t0 = time.perf_counter()
         res = run(pairs)
         total = time.perf_counter() - t0
-        t0 = time.perf_counter()  # the host's share: pack, and unpack of the same results
-        pk = gpu.pack(chains, chains, pairs, norms)
-        host = time.perf_counter() - t0
-        y2x = np.full(pk.map_total, -1, np.int32)
-        for k, r in enumerate(res):
-            y2x[pk.map_off[k] + r.aligned[:, 1]] = r.aligned[:, 0]
-        values = np.array([[r.tm_mobile, r.tm_target, r.tm, r.rmsd] for r in res])
-        rt = np.array([np.r_[r.rotation.ravel(), r.translation] for r in res])
         t0 = time.perf_counter()
-        gpu.unpack(pk, values, np.array([r.n_aligned for r in res]), rt, y2x, seqs, seqs)
-        host += time.perf_counter() - t0
+        pg.tm_align(chains, chains, pairs=pairs, device="gpu")
+        cp.cuda.Device().synchronize()
+        api = time.perf_counter() - t0
+        host = sum(host_seconds(gpu, chains, pairs, norms, seqs, res).values())
+        pieces, gpu.PIECES = gpu.PIECES, 1  # the same pairs launched whole, unpacked after (no overlap)
+        try:
+            t0 = time.perf_counter()
+            run(pairs)
+            whole = time.perf_counter() - t0
+        finally:
+            gpu.PIECES = pieces
         _, prof = run(pairs, profile=True)
         cyc = prof.sum(axis=0).astype(np.float64)
         stages = cyc[:6].sum()
-        row = {"size": size, "pairs": n, "threads": gpu.THREADS, "min_blocks": gpu.MIN_BLOCKS,
-               "pairs_s": n / total, "kernel_pairs_s": n / max(total - host, 1e-9), "host_s": host}
+        row = {"size": size, "pairs": n, "threads": gpu.THREADS, "min_blocks": gpu.MIN_BLOCKS, "pieces": gpu.PIECES,
+               "pairs_s": n / total, "one_piece_pairs_s": n / whole, "api_pairs_s": n / api,
+               "kernel_pairs_s": n / max(total - host, 1e-9),
+               "host_s": host}
         for k, name in enumerate(gpu.PROFILE_SLOTS[:6]):
             row[name] = cyc[k] / stages if stages else float("nan")
         for k, name in enumerate(gpu.PROFILE_SLOTS[6:9], start=6):
@@ -525,6 +575,37 @@ def quick_throughput(args) -> dict:
         print_table([row], list(row))
     return {"rows": rows, "note": "pairs/s of tm_align_gpu on random-walk chains; stage columns: shares of the SM "
                                   "cycles of the stages; dp, tm_search, quick_scores: shares of the whole pair's"}
+
+
+HOST_SIZES = ((100, 4000), (300, 1000))
+
+
+def host_throughput(args) -> dict:
+    """``--host-only``: the GPU path's host work per pair, no GPU needed (:func:`host_seconds`, the
+    fastest of 5 runs), on ``--quick``'s kind of pairs (48 random-walk chains of 100 and 300 residues,
+    random pairs, seed 0; ``--quick-scale`` multiplies the counts): the kernel's outputs are the CPU
+    path's alignments of 12 of the pairs, each repeated (pair k takes pair k mod 12's chains)."""
+    import protgpu as pg
+    from protgpu.align import gpu
+
+    rng = np.random.default_rng(SEED)
+    rows = []
+    for size, count in HOST_SIZES:
+        n = max(12, int(count * args.quick_scale))
+        chains = [quick_walk(rng, size) for _ in range(48)]
+        seqs = ["".join(rng.choice(list("ACDEFGHIKLMNPQRSTVWY"), size)) for _ in chains]
+        pairs = random_pairs(len(chains), n, rng)
+        pairs = pairs[np.arange(n) % 12]
+        res = pg.tm_align([chains[a] for a in pairs[:12, 0]], [chains[b] for b in pairs[:12, 1]], device="cpu")
+        rep = np.arange(n) % 12
+        res = res._replace(**{f: getattr(res, f)[rep] for f in res._fields})
+        t = host_seconds(gpu, chains, pairs, [float(size)] * n, seqs, res, repeats=5)
+        row = {"size": size, "pairs": n, "mean_aligned": float(np.mean(res.n_aligned)),
+               **{f"{k}_us": 1e6 * v / n for k, v in t.items()}, "host_us": 1e6 * sum(t.values()) / n}
+        rows.append(row)
+        print_table([row], list(row))
+    return {"rows": rows, "note": "host work of the GPU path per pair, microseconds (pack, launch plan, unpack); "
+                                  "no GPU"}
 
 
 PARTS = {"a": ("throughput", part_throughput), "b": ("search", part_search),
@@ -593,7 +674,16 @@ def main(argv=None) -> int:
     ap.add_argument("--quick-scale", type=float, default=1.0, help="--quick: multiply its pair counts")
     ap.add_argument("--threads", type=int, default=None, help="--quick: the kernel's TA_THREADS (gpu.THREADS)")
     ap.add_argument("--min-blocks", type=int, default=None, help="--quick: its TA_MIN_BLOCKS (gpu.MIN_BLOCKS)")
+    ap.add_argument("--pieces", type=int, default=None, help="--quick: kernels a chunk is launched as (gpu.PIECES)")
+    ap.add_argument("--host-only", action="store_true",
+                    help="only the GPU path's host work per pair (pack, plan, unpack) at 100 and 300 residues; no GPU")
     args = ap.parse_args(argv)
+    if args.host_only:
+        result = host_throughput(args)
+        out = Path(args.json) if args.json else RESULTS / f"align-host-{device_tag(machine())}.json"
+        write_results("align-host", result["rows"], {"note": result["note"]}, path=str(out))
+        print(f"wrote {out}")
+        return 0
     if args.quick:
         result = quick_throughput(args)
         out = Path(args.json) if args.json else RESULTS / f"align-quick-{device_tag(machine())}.json"

@@ -11,7 +11,7 @@ from .._array import DEVICES, resolve_device
 from .._autograd import refuse_grad
 from ..errors import InputError
 from .chains import chains_of
-from .gpu import tm_align_gpu
+from .gpu import AlignmentBatch, tm_align_gpu
 from .numpy_twin import tm_align_pair
 
 NORMALIZATIONS = ("target", "mobile", "average", "shorter", "longer")
@@ -88,22 +88,26 @@ def _pairs(n_mobile: int, n_target: int, pairs) -> np.ndarray:
                      "(one-to-one), one chain on either side (one against many), or pairs=")
 
 
-def _norm_length(normalize_by, l1: int, l2: int) -> float:
+def _norm_length(normalize_by, l1, l2):
+    """The ``tm`` normalisation length of each pair: float64 like ``l1`` and ``l2`` (int arrays (P,) of
+    the mobile and target lengths)."""
+    l1 = np.asarray(l1, dtype=np.int64)
+    l2 = np.asarray(l2, dtype=np.int64)
     if normalize_by is None or (isinstance(normalize_by, str) and normalize_by == "target"):
-        return float(l2)
+        return l2.astype(np.float64)
     if isinstance(normalize_by, str):
         if normalize_by == "mobile":
-            return float(l1)
+            return l1.astype(np.float64)
         if normalize_by == "average":
             return (l1 + l2) * 0.5
         if normalize_by == "shorter":
-            return float(min(l1, l2))
+            return np.minimum(l1, l2).astype(np.float64)
         if normalize_by == "longer":
-            return float(max(l1, l2))
+            return np.maximum(l1, l2).astype(np.float64)
         raise InputError(f"normalize_by must be one of {', '.join(NORMALIZATIONS)} or a length, "
                          f"not {normalize_by!r}")
     if isinstance(normalize_by, Real) and not isinstance(normalize_by, bool) and normalize_by > 0:
-        return float(normalize_by)
+        return np.full(l1.shape, float(normalize_by))
     raise InputError(f"normalize_by must be one of {', '.join(NORMALIZATIONS)} or a positive length, "
                      f"not {normalize_by!r}")
 
@@ -167,31 +171,22 @@ def tm_align(mobile, target, *, pairs=None, normalize_by=None, chain=None, devic
     mob = chains_of(mobile, "mobile", chain)
     tgt = chains_of(target, "target", chain)
     pp = _pairs(len(mob), len(tgt), pairs)
-    l_norms = [_norm_length(normalize_by, len(mob[a].ca), len(tgt[b].ca)) for a, b in pp.tolist()]
+    l1 = np.array([len(c.ca) for c in mob], dtype=np.int64)[pp[:, 0]]
+    l2 = np.array([len(c.ca) for c in tgt], dtype=np.int64)[pp[:, 1]]
+    # (no pairs: nothing is normalised, as when each pair's length was worked out in turn)
+    l_norms = _norm_length(normalize_by, l1, l2) if len(pp) else np.zeros(0)
     if resolve_device(device) == "gpu":
-        rows = tm_align_gpu([c.ca for c in mob], [c.ca for c in tgt], [c.sequence for c in mob],
-                            [c.sequence for c in tgt], pp, l_norms)
+        batch = tm_align_gpu([c.ca for c in mob], [c.ca for c in tgt], [c.sequence for c in mob],
+                             [c.sequence for c in tgt], pp, l_norms)
     else:
-        rows = [tm_align_pair(mob[a].ca, tgt[b].ca, mob[a].sequence, tgt[b].sequence, l_norm=ln)
-                for (a, b), ln in zip(pp.tolist(), l_norms, strict=True)]
-    n = len(rows)
-
-    def col(name, dtype=np.float64):
-        return np.asarray([getattr(r, name) for r in rows], dtype=dtype).reshape(n)
-
-    def objects(name):
-        out = np.empty(n, dtype=object)
-        out[:] = [getattr(r, name) for r in rows]
-        return out
-
+        batch = AlignmentBatch.from_rows(
+            tm_align_pair(mob[a].ca, tgt[b].ca, mob[a].sequence, tgt[b].sequence, l_norm=ln)
+            for (a, b), ln in zip(pp.tolist(), l_norms.tolist(), strict=True))
     return TMAlignResult(
-        tm_mobile=col("tm_mobile"), tm_target=col("tm_target"), tm=col("tm"), rmsd=col("rmsd"),
-        n_aligned=col("n_aligned", np.int64), seq_identity=col("seq_identity"),
-        rotation=np.asarray([r.rotation for r in rows]).reshape(n, 3, 3),
-        translation=np.asarray([r.translation for r in rows]).reshape(n, 3),
-        aligned=objects("aligned"), mobile_aligned=objects("mobile_aligned"),
-        target_aligned=objects("target_aligned"), match=objects("match"),
-        lengths=np.asarray([(len(mob[a].ca), len(tgt[b].ca)) for a, b in pp.tolist()], np.int64).reshape(n, 2),
-        n_skipped=np.asarray([(mob[a].n_skipped, tgt[b].n_skipped) for a, b in pp.tolist()],
-                             np.int64).reshape(n, 2),
+        tm_mobile=batch.tm_mobile, tm_target=batch.tm_target, tm=batch.tm, rmsd=batch.rmsd,
+        n_aligned=batch.n_aligned, seq_identity=batch.seq_identity, rotation=batch.rotation,
+        translation=batch.translation, aligned=batch.aligned, mobile_aligned=batch.mobile_aligned,
+        target_aligned=batch.target_aligned, match=batch.match, lengths=np.stack([l1, l2], axis=1),
+        n_skipped=np.stack([np.array([c.n_skipped for c in mob], dtype=np.int64)[pp[:, 0]],
+                            np.array([c.n_skipped for c in tgt], dtype=np.int64)[pp[:, 1]]], axis=1),
     )

@@ -6,7 +6,9 @@ returns per pair the TM-scores, RMSD, aligned count, superposition and the align
 mobile residue of each target residue). This module packs the chains once (every CA concatenated, with
 offsets), computes the per-pair parameters exactly as the CPU path does, launches the pairs in chunks
 that keep the kernel's workspace (DP traceback and scratch, ~(L1 + 1)(L2 + 1) bytes a pair) under the
-device memory budget, and builds the printed alignment on the host with the CPU path's helper.
+device memory budget, each chunk as a few concurrent pieces, and builds the printed alignment on the host
+for all pairs of a piece at once (``numpy_twin._gapped_many``, equal to the CPU path's ``_gapped``) while
+the later pieces run (``docs/design/tm-align.md``, "Host side").
 
 The same kernel source compiles on the host as plain C++ (``TMALIGN_HOST``): the host test
 (``tests/align/test_tmalign_kernel_host.py``) runs it through :func:`pack` and :func:`unpack` too.
@@ -18,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .numpy_twin import CLOSE_PAIR, PairAlignment, _gapped, d0_final, search_parameters
+from .numpy_twin import CLOSE_PAIR, PairAlignment, _gapped, _gapped_many, d0_final, search_parameters
 
 #: Threads of one block (one pair); the kernel's TA_THREADS.
 THREADS = 256
@@ -56,12 +58,23 @@ def block_config(l1: int, l2: int) -> tuple[int, int]:
     return THREADS, MIN_BLOCKS
 
 
-def workspace_bytes(l1: int, l2: int, nwarps: int | None = None) -> int:
+def block_configs(l1, l2) -> np.ndarray:
+    """:func:`block_config` of many pairs: int64 (P, 2), one call per distinct longer length."""
+    longest = np.maximum(np.asarray(l1, dtype=np.int64), np.asarray(l2, dtype=np.int64))
+    uniq, inv = np.unique(longest, return_inverse=True)
+    table = np.array([block_config(v, v) for v in uniq.tolist()], dtype=np.int64).reshape(-1, 2)
+    return table[inv.reshape(-1)]
+
+
+def workspace_bytes(l1, l2, nwarps: int | None = None):
     """Bytes of global workspace one pair of L1 and L2 residues takes (the kernel's ``ta_layout``):
     coordinate copies and per-warp scratch (float64), alignment maps (int32), secondary structure, and
     per warp the DP's buffers, its selections and its traceback, (L1 + 1)(L2 + 1) bytes (the local
-    fragment stage runs one DP per warp)."""
-    lm = min(l1, l2)
+    fragment stage runs one DP per warp). ``l1`` and ``l2`` may be int64 arrays (P,): an array of
+    bytes comes back; ints give an int."""
+    l1 = np.asarray(l1, dtype=np.int64)
+    l2 = np.asarray(l2, dtype=np.int64)
+    lm = np.minimum(l1, l2)
     w = THREADS // 32 if nwarps is None else nwarps  # THREADS read now: a sweep may set it
 
     def r8(v):
@@ -70,7 +83,8 @@ def workspace_bytes(l1: int, l2: int, nwarps: int | None = None) -> int:
     doubles = [3 * l1, 3 * l2, w * 3 * l1, 3 * lm, 3 * lm, 3 * lm, 3 * lm, w * (l2 + 1), w * l2]
     ints = [l2, l2, l2, l2, w * l2, w * l2]
     nbytes = [l1, l2, w * (l2 + 1), 2 * w * l2, w * (l1 + 1) * (l2 + 1)]
-    return sum(r8(8 * d) for d in doubles) + sum(r8(4 * i) for i in ints) + sum(r8(b) for b in nbytes)
+    total = sum(r8(8 * d) for d in doubles) + sum(r8(4 * i) for i in ints) + sum(r8(b) for b in nbytes)
+    return int(total) if np.ndim(total) == 0 else total
 
 
 def pair_params(l1: int, l2: int, l_norm: float) -> np.ndarray:
@@ -82,6 +96,18 @@ def pair_params(l1: int, l2: int, l_norm: float) -> np.ndarray:
     mode = 0 if l_norm == l2 else 1 if l_norm == l1 else 2
     return np.array([p.d0, p.d0_search, p.score_d8, d0_final(float(l2)), d0_final(float(l1)),
                      d0_final(float(l_norm)), float(l_norm), float(mode)])
+
+
+def pair_params_many(l1, l2, l_norms) -> np.ndarray:
+    """:func:`pair_params` of many pairs, float64 (P, N_PARAM): one call per distinct (L1, L2,
+    l_norm), so every row has the scalar function's bits."""
+    keys = np.stack([np.asarray(l1, dtype=np.float64), np.asarray(l2, dtype=np.float64),
+                     np.asarray(l_norms, dtype=np.float64)], axis=1).reshape(-1, 3)
+    if not len(keys):
+        return np.zeros((0, N_PARAM))
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    table = np.array([pair_params(int(a), int(b), n) for a, b, n in uniq.tolist()], dtype=np.float64)
+    return table[inv.reshape(-1)]
 
 
 class Packed(NamedTuple):
@@ -134,17 +160,107 @@ def pack(mobile_ca, target_ca, pairs, l_norms) -> Packed:
     pair_chain = np.ascontiguousarray(np.stack([pp[:, 0], pp[:, 1] + len(mobile_ca)], axis=1).astype(np.int32))
     l1 = lengths[pair_chain[:, 0]]
     l2 = lengths[pair_chain[:, 1]]
-    params = np.array([pair_params(int(a), int(b), float(n)) for a, b, n in zip(l1, l2, l_norms, strict=True)],
-                      dtype=np.float64).reshape(-1, N_PARAM)
+    norms = np.asarray(l_norms, dtype=np.float64).reshape(-1)
+    if len(norms) != len(pp):
+        raise ValueError(f"{len(pp)} pairs but {len(norms)} normalisation lengths")
+    params = pair_params_many(l1, l2, norms)
     map_off = np.zeros(len(pp), dtype=np.int64)
     map_off[1:] = np.cumsum(l2[:-1], dtype=np.int64)
     return Packed(coords, off, lengths, pair_chain, params, map_off, int(l2.sum()))
 
 
-def unpack(packed: Packed, values, n_aligned, rt, maps, seq_mobile, seq_target) -> list[PairAlignment]:
-    """The kernel's per-pair outputs as :class:`PairAlignment` rows, finished as
-    :func:`tm_align_pair` finishes its own: aligned index pairs from the map, the match line (``:``
-    closer than 5 A under the returned superposition) and sequence identity by ``_gapped``.
+class AlignmentBatch:
+    """P pairs' results as columns (the fields of :class:`PairAlignment`, each with a leading pair axis
+    as in :class:`protgpu.align.TMAlignResult`), also a sequence of :class:`PairAlignment` rows
+    (``batch[k]``, iteration, ``len``) as the CPU path gives them.
+
+    Attributes
+    ----------
+    tm_mobile, tm_target, tm, rmsd, seq_identity : float64, shape (P,)
+    n_aligned : int64, shape (P,)
+    rotation : float64, shape (P, 3, 3)
+    translation : float64, shape (P, 3)
+    aligned, mobile_aligned, target_aligned, match : object, shape (P,)
+        Per pair an int64 (n, 2) array of (mobile, target) residue indices; the printed alignment.
+    """
+
+    __slots__ = PairAlignment._fields
+
+    def __init__(self, n: int):
+        for name in ("tm_mobile", "tm_target", "tm", "rmsd", "seq_identity"):
+            setattr(self, name, np.full(n, np.nan))
+        self.n_aligned = np.zeros(n, dtype=np.int64)
+        self.rotation = np.zeros((n, 3, 3))
+        self.translation = np.zeros((n, 3))
+        for name in ("aligned", "mobile_aligned", "target_aligned", "match"):
+            setattr(self, name, np.empty(n, dtype=object))
+
+    def __len__(self) -> int:
+        return len(self.tm)
+
+    def __getitem__(self, k: int) -> PairAlignment:
+        return PairAlignment(float(self.tm_mobile[k]), float(self.tm_target[k]), float(self.tm[k]),
+                             float(self.rmsd[k]), int(self.n_aligned[k]), float(self.seq_identity[k]),
+                             self.rotation[k].copy(), self.translation[k].copy(), self.aligned[k],
+                             self.mobile_aligned[k], self.target_aligned[k], self.match[k])
+
+    def __iter__(self):
+        return (self[k] for k in range(len(self)))
+
+    @classmethod
+    def from_rows(cls, rows) -> AlignmentBatch:
+        """The columns of a list of :class:`PairAlignment` (the CPU path's rows)."""
+        rows = list(rows)
+        out = cls(len(rows))
+        if rows:
+            for name in PairAlignment._fields:
+                getattr(out, name)[:] = [getattr(r, name) for r in rows]
+        return out
+
+    def put(self, idx, part: AlignmentBatch) -> None:
+        """Store ``part``'s rows at rows ``idx`` (int, shape (len(part),))."""
+        for name in PairAlignment._fields:
+            getattr(self, name)[idx] = getattr(part, name)
+
+
+class Letters(NamedTuple):
+    """Chain sequences as ASCII codes for :func:`numpy_twin._gapped_many`.
+
+    Attributes
+    ----------
+    seqs : list of str
+        The sequences (mobile chains first, then target chains: ``Packed``'s chain order).
+    codes : uint8, shape (N,)
+        The ASCII ones concatenated.
+    start, length : int64, shape (C,)
+        Each sequence's place in ``codes`` and its length in letters.
+    ascii : bool, shape (C,)
+        Whether the sequence is ASCII without NUL (pairs with another one are printed by ``_gapped``
+        itself).
+    """
+
+    seqs: list
+    codes: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    ascii: np.ndarray
+
+
+def letters(seq_mobile, seq_target) -> Letters:
+    """:class:`Letters` of the mobile and target sequences (``Packed``'s chain order)."""
+    seqs = [*seq_mobile, *seq_target]
+    ok = np.array([s.isascii() and "\x00" not in s for s in seqs], dtype=bool)
+    raw = [s.encode("ascii") if a else b"" for s, a in zip(seqs, ok.tolist(), strict=True)]
+    nbytes = np.array([len(r) for r in raw], dtype=np.int64)
+    return Letters(seqs, np.frombuffer(b"".join(raw), dtype=np.uint8), np.cumsum(nbytes) - nbytes,
+                   np.array([len(s) for s in seqs], dtype=np.int64), ok)
+
+
+def unpack(packed: Packed, values, n_aligned, rt, maps, seq_mobile, seq_target) -> AlignmentBatch:
+    """The kernel's per-pair outputs as :class:`PairAlignment` rows (an :class:`AlignmentBatch`),
+    finished as :func:`tm_align_pair` finishes its own: aligned index pairs from the map, the match line
+    (``:`` closer than 5 A under the returned superposition) and sequence identity as ``_gapped``
+    gives them (built for all pairs at once by ``_gapped_many``).
 
     Parameters
     ----------
@@ -159,23 +275,103 @@ def unpack(packed: Packed, values, n_aligned, rt, maps, seq_mobile, seq_target) 
     seq_mobile, seq_target : list of str
         Sequences of the mobile and target chains (indexed like the chains given to :func:`pack`).
     """
-    rows = []
-    n_mob = len(seq_mobile)
-    for p, (a, b) in enumerate(packed.pair_chain.tolist()):
-        x = packed.coords[packed.chain_off[a]:packed.chain_off[a] + packed.chain_len[a]]
-        y = packed.coords[packed.chain_off[b]:packed.chain_off[b] + packed.chain_len[b]]
-        y2x = np.asarray(maps[packed.map_off[p]:packed.map_off[p] + len(y)], dtype=np.int64)
-        ja = np.flatnonzero(y2x >= 0)
-        ia = y2x[ja]
-        rot = np.array(rt[p, :9], dtype=np.float64).reshape(3, 3)
-        trans = np.array(rt[p, 9:], dtype=np.float64)
-        close = np.sqrt(np.sum((x[ia] @ rot.T + trans - y[ja]) ** 2, axis=1)) < CLOSE_PAIR
-        top, mid, bottom, same = _gapped(seq_mobile[a], seq_target[b - n_mob], ia, ja, close)
-        n = int(n_aligned[p])
-        rows.append(PairAlignment(float(values[p, 0]), float(values[p, 1]), float(values[p, 2]), float(values[p, 3]), n,
-                                  same / n if n else float("nan"), rot, trans,
-                                  np.stack([ia, ja], axis=1).astype(np.int64), top, bottom, mid))
-    return rows
+    return finish(packed, packed.pair_chain, packed.map_off, values, n_aligned, rt, maps,
+                  letters(seq_mobile, seq_target))
+
+
+def finish(packed: Packed, pair_chain, map_off, values, n_aligned, rt, maps, seqs: Letters) -> AlignmentBatch:
+    """:func:`unpack` of some of the pairs: those of ``pair_chain`` (C, 2), whose maps start at
+    ``map_off`` (C,) in ``maps``; ``values``, ``n_aligned``, ``rt`` are theirs (C rows)."""
+    pc = np.asarray(pair_chain, dtype=np.int64).reshape(-1, 2)
+    n_pairs = len(pc)
+    out = AlignmentBatch(n_pairs)
+    if n_pairs == 0:
+        return out
+    values = np.asarray(values, dtype=np.float64).reshape(n_pairs, 4)
+    rt = np.asarray(rt, dtype=np.float64).reshape(n_pairs, 12)
+    a, b = pc[:, 0], pc[:, 1]
+    l1 = packed.chain_len[a].astype(np.int64)
+    l2 = packed.chain_len[b].astype(np.int64)
+    pid = np.arange(n_pairs)
+    # every pair's map, gathered flat (pair after pair), and its aligned entries
+    y_end = np.cumsum(l2)
+    y_off = y_end - l2
+    map_off = np.asarray(map_off, dtype=np.int64).reshape(n_pairs)
+    if np.array_equal(map_off - map_off[0], y_off):  # maps laid end to end, as pack and the pieces lay them
+        y2x = np.asarray(maps)[map_off[0]:map_off[0] + int(y_end[-1])]
+    else:
+        y2x = np.asarray(maps)[np.repeat(map_off - y_off, l2) + np.arange(int(y_end[-1]))]
+    aligned_mask = y2x >= 0
+    sel = np.flatnonzero(aligned_mask)
+    upto = np.concatenate([[0], np.cumsum(aligned_mask)])
+    counts = upto[y_end] - upto[y_off]
+    p_a = np.repeat(pid, counts)
+    ja = sel - np.repeat(y_off, counts)
+    ia = np.take(y2x, sel).astype(np.int64)
+    ali_off = np.concatenate([[0], np.cumsum(counts)])
+    # pairs _gapped_many does not take (non-ASCII letters, indices outside the sequences or the chain,
+    # a map that goes back): the per-pair code, which behaves as before on them
+    odd = ~(seqs.ascii[a] & seqs.ascii[b])
+    bad = (ia >= np.repeat(np.minimum(seqs.length[a], l1), counts)) | (ja >= np.repeat(seqs.length[b], counts))
+    bad[1:] |= (p_a[1:] == p_a[:-1]) & (ia[1:] <= ia[:-1])
+    odd[p_a[bad]] = True
+    # distances under each pair's superposition, all pairs at once; pairs with a distance within
+    # rounding of the cutoff redo it as tm_align_pair writes it (another sum order could flip them)
+    flat = packed.coords.reshape(-1)
+    rx = 3 * (np.repeat(packed.chain_off[a], counts) + (np.minimum(ia, np.repeat(l1 - 1, counts)) if bad.any() else ia))
+    ry = 3 * (np.repeat(packed.chain_off[b], counts) + ja)
+    x = [np.take(flat, rx + j) for j in range(3)]
+    m = np.repeat(rt.T, counts, axis=1)
+    d2 = np.zeros(len(sel))
+    scale = 1.0 + (float(np.abs(rt[:, 9:]).max()) if n_pairs else 0.0)
+    for j in range(3):
+        y = np.take(flat, ry + j)
+        c = x[0] * m[3 * j]
+        c += x[1] * m[3 * j + 1]
+        c += x[2] * m[3 * j + 2]
+        c += m[9 + j]
+        c -= y
+        d2 += c * c
+        if len(sel):
+            scale += float(np.abs(x[j]).max()) + float(np.abs(y).max())
+    dist = np.sqrt(d2)
+    close = dist < CLOSE_PAIR
+    odd[p_a[np.abs(dist - CLOSE_PAIR) <= 1e-9 * scale]] = True
+    ok = ~odd
+    aligned = np.stack([ia, ja], axis=1)
+    n = np.asarray(n_aligned).reshape(n_pairs).astype(np.int64)
+    out.tm_mobile[:], out.tm_target[:], out.tm[:], out.rmsd[:] = values.T
+    out.n_aligned[:] = n
+    out.rotation[:] = rt[:, :9].reshape(n_pairs, 3, 3)
+    out.translation[:] = rt[:, 9:]
+    out.aligned[:] = [aligned[s:e] for s, e in zip((ali_off[:-1]).tolist(), ali_off[1:].tolist(), strict=True)]
+    if ok.any():
+        keep = ok[p_a]
+        lines = _gapped_many(seqs.codes, seqs.start[a[ok]], seqs.length[a[ok]], seqs.start[b[ok]],
+                             seqs.length[b[ok]], counts[ok], ia[keep], ja[keep], close[keep])
+        rows = slice(None) if ok.all() else ok
+        out.mobile_aligned[rows], out.match[rows], out.target_aligned[rows], same = lines
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out.seq_identity[rows] = np.where(n[ok] > 0, same / np.where(n[ok] > 0, n[ok], 1), np.nan)
+    for p in np.flatnonzero(odd).tolist():
+        out.put([p], _finish_one(packed, pc[p], values[p], int(n[p]), rt[p], y2x[y_off[p]:y_off[p] + l2[p]], seqs))
+    return out
+
+
+def _finish_one(packed: Packed, chains, values, n: int, rt, y2x, seqs: Letters) -> AlignmentBatch:
+    """One pair finished by ``tm_align_pair``'s own expressions (:func:`finish`'s exceptions)."""
+    a, b = int(chains[0]), int(chains[1])
+    x = packed.coords[packed.chain_off[a]:packed.chain_off[a] + packed.chain_len[a]]
+    y = packed.coords[packed.chain_off[b]:packed.chain_off[b] + packed.chain_len[b]]
+    ja = np.flatnonzero(y2x >= 0)
+    ia = np.asarray(y2x[ja], dtype=np.int64)
+    rot = np.array(rt[:9], dtype=np.float64).reshape(3, 3)
+    trans = np.array(rt[9:], dtype=np.float64)
+    close = np.sqrt(np.sum((x[ia] @ rot.T + trans - y[ja]) ** 2, axis=1)) < CLOSE_PAIR
+    top, mid, bottom, same = _gapped(seqs.seqs[a], seqs.seqs[b], ia, ja, close)
+    return AlignmentBatch.from_rows([PairAlignment(
+        float(values[0]), float(values[1]), float(values[2]), float(values[3]), n, same / n if n else float("nan"),
+        rot, trans, np.stack([ia, ja], axis=1).astype(np.int64), top, bottom, mid)])
 
 
 def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms, *, profile: bool = False):
@@ -196,8 +392,9 @@ def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms, *
 
     Returns
     -------
-    list of PairAlignment
-        One per pair, in order; the same values the CPU path gives (TM-scores to ~1e-12).
+    AlignmentBatch
+        The P pairs' results as columns, also a sequence of :class:`PairAlignment` rows, in order; the
+        same values the CPU path gives (TM-scores to ~1e-12).
     ndarray of int64, shape (P, len(PROFILE_SLOTS))
         Only with ``profile``: SM clock cycles per pair in each of :data:`PROFILE_SLOTS`.
 
@@ -205,33 +402,35 @@ def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms, *
     -----
     Pairs run by block size (:func:`block_config`), each group largest workspace first, in chunks whose
     workspace fits the device memory budget (:func:`protgpu._memory.device_budget_bytes`), so memory
-    does not grow with the number of pairs.
+    does not grow with the number of pairs. A chunk is launched as up to :data:`PIECES` kernels on as
+    many streams, each on its own slice of the chunk's workspace: the pieces run concurrently (no idle
+    tail between them) and the host unpacks piece k while the later ones run.
     """
     import cupy as cp
 
-    from .._cuda import get_kernel, launch
+    from .._cuda import get_kernel
     from .._memory import device_budget_bytes, rows_per_chunk
 
     packed = pack(mobile_ca, target_ca, pairs, l_norms)
     n_pairs = len(packed.pair_chain)
-    values = np.empty((n_pairs, 4))
-    n_ali = np.empty(n_pairs, dtype=np.int32)
-    rt = np.empty((n_pairs, 12))
+    out = AlignmentBatch(n_pairs)
     prof = np.zeros((n_pairs, len(PROFILE_SLOTS)), dtype=np.int64)
     if n_pairs == 0:
-        return ([], prof) if profile else []
-    coords = cp.asarray(packed.coords)
-    chain_off = cp.asarray(packed.chain_off)
-    chain_len = cp.asarray(packed.chain_len)
-    maps = cp.empty(max(packed.map_total, 1), dtype=cp.int32)
+        return (out, prof) if profile else out
+    seqs = letters(seq_mobile, seq_target)
+    dev = _Inputs(cp.asarray(packed.coords), cp.asarray(packed.chain_off), cp.asarray(packed.chain_len))
+    uploaded = cp.cuda.get_current_stream().record()  # the pieces' streams wait for the uploads
+    streams = _piece_streams(cp, max(1, PIECES))
+    for s in streams:
+        s.wait_event(uploaded)
     lens = packed.chain_len
-    configs = [block_config(int(lens[a]), int(lens[b])) for a, b in packed.pair_chain.tolist()]
+    l1, l2 = lens[packed.pair_chain[:, 0]], lens[packed.pair_chain[:, 1]]
+    configs = block_configs(l1, l2)
     budget = device_budget_bytes()
-    for threads, min_blocks in sorted(set(configs)):
+    for threads, min_blocks in np.unique(configs, axis=0).tolist():
         kernel = get_kernel("tmalign", "tmalign_pairs", defines=defines(threads, min_blocks))
-        mine = np.flatnonzero([c == (threads, min_blocks) for c in configs])
-        ws = np.array([workspace_bytes(int(lens[a]), int(lens[b]), threads // 32)
-                       for a, b in packed.pair_chain[mine].tolist()], dtype=np.int64)
+        mine = np.flatnonzero((configs[:, 0] == threads) & (configs[:, 1] == min_blocks))
+        ws = np.asarray(workspace_bytes(l1[mine], l2[mine], threads // 32), dtype=np.int64)
         by_size = np.argsort(-ws, kind="stable")
         order, ws = mine[by_size], ws[by_size]
         start = 0
@@ -239,23 +438,78 @@ def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms, *
             stride = int(ws[start])  # the largest of this chunk (sorted): every slice fits
             step = min(rows_per_chunk(stride, len(order) - start, budget), 1 << 20)
             idx = order[start:start + step]
-            c = len(idx)
-            out_val = cp.empty((c, 4))
-            out_n = cp.empty(c, dtype=cp.int32)
-            out_rt = cp.empty((c, 12))
-            out_prof = cp.zeros((c, len(PROFILE_SLOTS)), dtype=cp.int64) if profile else None
-            work = cp.empty(c * stride, dtype=cp.uint8)
-            pair_chain = cp.asarray(np.ascontiguousarray(packed.pair_chain[idx]))
-            params = cp.asarray(np.ascontiguousarray(packed.params[idx]))
-            map_off = cp.asarray(np.ascontiguousarray(packed.map_off[idx]))
-            launch(kernel, (c,), (threads,), coords, chain_off, chain_len, pair_chain, params, map_off, np.int32(c),
-                   work, np.int64(stride), out_val, out_n, out_rt, maps, out_prof)
-            values[idx] = cp.asnumpy(out_val)
-            n_ali[idx] = cp.asnumpy(out_n)
-            rt[idx] = cp.asnumpy(out_rt)
-            if profile:
-                prof[idx] = cp.asnumpy(out_prof)
-            del work
-            start += c
-    rows = unpack(packed, values, n_ali, rt, cp.asnumpy(maps), seq_mobile, seq_target)
-    return (rows, prof) if profile else rows
+            work = cp.empty(len(idx) * stride, dtype=cp.uint8)
+            # the streams wait for this chunk's workspace (freed memory of the last chunk is reused)
+            ready = cp.cuda.get_current_stream().record()
+            cuts = np.linspace(0, len(idx), min(len(streams), -(-len(idx) // MIN_PIECE)) + 1).astype(np.int64)
+            running = []
+            for k, s in enumerate(streams[:len(cuts) - 1]):
+                s.wait_event(ready)
+                running.append(_launch_piece(kernel, threads, packed, dev, idx[cuts[k]:cuts[k + 1]],
+                                             work[cuts[k] * stride:cuts[k + 1] * stride], stride, s, profile))
+            for piece in running:  # in launch order: piece k is unpacked while the later ones run
+                out.put(piece.idx, _finish_piece(packed, piece, seqs, prof if profile else None))
+            del work, running
+            start += len(idx)
+    return (out, prof) if profile else out
+
+
+#: Kernels (and streams) a chunk is launched as, so that the host unpacks the first ones while the
+#: others run; pieces of at least MIN_PIECE pairs.
+PIECES = 4
+MIN_PIECE = 256
+
+
+#: Per device, the streams the pieces run on (kept: their memory pool arenas are reused call after call).
+_STREAMS: dict = {}
+
+
+def _piece_streams(cp, n: int) -> list:
+    have = _STREAMS.setdefault(cp.cuda.Device().id, [])
+    while len(have) < n:
+        have.append(cp.cuda.Stream(non_blocking=True))
+    return have[:n]
+
+
+class _Inputs(NamedTuple):
+    coords: object
+    chain_off: object
+    chain_len: object
+
+
+class _Piece(NamedTuple):
+    idx: np.ndarray
+    map_off: np.ndarray
+    stream: object
+    out: tuple  # device arrays: values, n_aligned, rt, maps, profile (or None)
+
+
+def _launch_piece(kernel, threads, packed: Packed, dev: _Inputs, idx, work, stride, stream, profile) -> _Piece:
+    """Launch the pairs ``idx`` on ``stream`` with their own outputs (maps: the pieces' own layout)."""
+    import cupy as cp
+
+    from .._cuda import launch
+
+    c = len(idx)
+    l2 = packed.chain_len[packed.pair_chain[idx, 1]].astype(np.int64)
+    map_off = np.cumsum(l2) - l2
+    with stream:  # allocated on the stream that uses them (the pool reuses memory per stream)
+        out = (cp.empty((c, 4)), cp.empty(c, dtype=cp.int32), cp.empty((c, 12)),
+               cp.empty(max(int(l2.sum()), 1), dtype=cp.int32),
+               cp.zeros((c, len(PROFILE_SLOTS)), dtype=cp.int64) if profile else None)
+        pair_chain = cp.asarray(np.ascontiguousarray(packed.pair_chain[idx]))
+        params = cp.asarray(np.ascontiguousarray(packed.params[idx]))
+        offsets = cp.asarray(map_off)
+    launch(kernel, (c,), (threads,), dev.coords, dev.chain_off, dev.chain_len, pair_chain, params, offsets, np.int32(c),
+           work, np.int64(stride), out[0], out[1], out[2], out[3], out[4], stream=stream)
+    return _Piece(idx, map_off, stream, out)
+
+
+def _finish_piece(packed: Packed, piece: _Piece, seqs: Letters, prof) -> AlignmentBatch:
+    """Copy a piece's outputs (waiting for its kernel only) and unpack them."""
+    import cupy as cp
+
+    values, n_ali, rt, maps, out_prof = (None if a is None else cp.asnumpy(a, stream=piece.stream) for a in piece.out)
+    if prof is not None:
+        prof[piece.idx] = out_prof
+    return finish(packed, packed.pair_chain[piece.idx], piece.map_off, values, n_ali, rt, maps, seqs)

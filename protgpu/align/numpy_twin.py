@@ -387,3 +387,93 @@ def _gapped(seq_x: str, seq_y: str, ia, ja, close):
     bottom.append("-" * (len(seq_x) - io) + seq_y[jo:])
     mid.append(" " * (len(seq_x) - io + len(seq_y) - jo))
     return "".join(top), "".join(mid), "".join(bottom), same
+
+
+def _gapped_many(codes, x_start, x_len, y_start, y_len, counts, ia, ja, close):
+    """:func:`_gapped` of many pairs at once, as whole-array operations (the GPU path's unpacking).
+
+    ``_gapped`` lays out each pair as its mobile sequence with runs of ``-`` inserted (before aligned
+    mobile residue i_k, one for each target residue skipped since the last aligned pair; after the
+    last letter, one for each target residue after the last aligned pair), its target sequence
+    likewise, and the match line with ``:`` or ``.`` in the aligned columns. So a letter's column is
+    its index plus the dashes inserted up to it: a cumulative sum over all pairs' letters laid end to
+    end, each pair's lines closed by a NUL so that one ``split`` cuts them apart.
+
+    Parameters
+    ----------
+    codes : uint8, shape (N,)
+        ASCII letters of every sequence, concatenated (no NUL among them).
+    x_start, x_len, y_start, y_len : int, shape (P,)
+        Where each pair's mobile and target sequences lie in ``codes`` and their lengths (L1, L2).
+    counts : int, shape (P,)
+        Aligned pairs of each pair.
+    ia, ja : int, shape (sum(counts),)
+        Mobile and target residue of every aligned pair, pair after pair; within a pair both strictly
+        increasing, ``0 <= ia < L1`` and ``0 <= ja < L2`` (what ``_gapped`` is given by the aligners;
+        the caller checks it).
+    close : bool, shape (sum(counts),)
+        ``:`` (True) or ``.`` in the match line.
+
+    Returns
+    -------
+    top, mid, bottom : list of str, length P
+        Each pair's ``_gapped`` strings, equal to them byte for byte.
+    same : int64, shape (P,)
+        Identical aligned letters per pair.
+    """
+    n_letters = int(np.sum(x_len)) + int(np.sum(y_len))
+    # int32 indices where they fit (half the memory traffic of int64: this is memory-bound)
+    it = np.int32 if len(codes) + 2 * n_letters + len(counts) < 2**31 - 1 else np.int64
+    x_start, x_len, y_start, y_len, counts = (np.asarray(v).astype(it).reshape(-1) for v in
+                                              (x_start, x_len, y_start, y_len, counts))
+    ia = np.asarray(ia).astype(it)
+    ja = np.asarray(ja).astype(it)
+    n_pairs = len(counts)
+    p_a = np.repeat(np.arange(n_pairs, dtype=it), counts)
+    ali_end = np.cumsum(counts, dtype=it)
+    has = counts > 0
+    first = (ali_end - counts)[has]
+    i_prev = np.empty_like(ia)  # the aligned pair before, -1 at a pair's first
+    j_prev = np.empty_like(ja)
+    i_prev[1:], j_prev[1:] = ia[:-1], ja[:-1]
+    i_prev[first] = -1
+    j_prev[first] = -1
+    i_last = np.where(has, np.concatenate([ia, np.array([-1], it)])[ali_end - 1], -1).astype(it)
+    j_last = np.where(has, np.concatenate([ja, np.array([-1], it)])[ali_end - 1], -1).astype(it)
+    x_off = np.cumsum(x_len, dtype=it) - x_len  # the pairs' letters end to end
+    y_off = np.cumsum(y_len, dtype=it) - y_len
+    s1, s2 = int(x_len.sum()), int(y_len.sum())
+    total = s1 + s2 - len(ia) + n_pairs  # columns, with one NUL a pair
+    ramp = np.arange(max(s1, s2), dtype=it)
+    # mobile line: dashes before each aligned mobile residue; after the pair's letters, the rest and the NUL
+    col_x = _columns(ramp[:s1], np.concatenate([np.repeat(x_off, counts) + ia, x_off + x_len]),
+                     np.concatenate([ja - j_prev - 1, y_len - j_last]))
+    top = np.full(total, ord("-"), dtype=np.uint8)
+    top[col_x] = np.take(codes, ramp[:s1] + np.repeat(x_start - x_off, x_len))
+    # target line: dashes after each aligned target residue (before the unaligned ones that follow)
+    col_y = _columns(ramp[:s2],
+                     np.concatenate([np.repeat(y_off, counts) + j_prev + 1, y_off + j_last + 1, y_off + y_len]),
+                     np.concatenate([ia - i_prev - 1, x_len - i_last - 1, np.ones(n_pairs, dtype=it)]))
+    bottom = np.full(total, ord("-"), dtype=np.uint8)
+    bottom[col_y] = np.take(codes, ramp[:s2] + np.repeat(y_start - y_off, y_len))
+    mid = np.full(total, ord(" "), dtype=np.uint8)
+    mid[np.take(col_x, np.repeat(x_off, counts) + ia)] = np.where(np.asarray(close, dtype=bool), ord(":"), ord("."))
+    ends = np.cumsum(x_len + y_len - counts + 1, dtype=np.int64) - 1
+    eq = np.take(codes, np.repeat(x_start, counts) + ia) == np.take(codes, np.repeat(y_start, counts) + ja)
+    same = np.bincount(p_a, weights=eq, minlength=n_pairs).astype(np.int64)
+    out = []
+    for line in (top, mid, bottom):
+        line[ends] = 0
+        out.append(line.tobytes().decode("ascii").split("\x00")[:n_pairs])
+    return out[0], out[1], out[2], same
+
+
+def _columns(ramp, at, dashes) -> np.ndarray:
+    """Columns of n letters laid end to end (``ramp`` = arange(n)) with ``dashes[k]`` columns inserted
+    before letter ``at[k]`` (``at`` may repeat, and be n: after the last letter)."""
+    n = len(ramp)
+    ins = np.zeros(n + 1, dtype=ramp.dtype)
+    np.add.at(ins, at, dashes)
+    np.cumsum(ins, out=ins)
+    ins[:n] += ramp
+    return ins[:n]
