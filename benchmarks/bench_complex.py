@@ -171,6 +171,20 @@ def step_split(job, paths: list[str], stats: dict, n: int) -> dict:
     return out
 
 
+def uses_gpu(device: str) -> bool:
+    """Whether ``device`` resolves to the GPU, decided in a child process: this one then has not
+    imported CuPy when the end-to-end run starts its parse workers, which are forked as the CLI's are
+    (``protgpu.batch.local.fork_is_safe``; with CuPy loaded they come from a forkserver: 1-2 s more to
+    start, each worker importing protgpu afresh)."""
+    code = f"from protgpu._array import dispatch; print(int(dispatch(device={device!r}).on_gpu))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if r.returncode != 0:  # the same error, here, with its traceback
+        from protgpu._array import dispatch
+
+        return dispatch(device=device).on_gpu
+    return r.stdout.strip().splitlines()[-1] == "1"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", type=int, default=None, help="models (default 10000 on a GPU, 64 on the CPU)")
@@ -186,12 +200,11 @@ def main() -> int:
     if args.quick and args.models is None:
         args.models = 2000
 
-    from protgpu._array import dispatch
     from protgpu.batch.jobs.evaluate import EvaluateJob
     from protgpu.commands._batch_options import run_job
     from protgpu.complexes.scores import ComplexReference, host_scores, map_model, score_mapped
 
-    on_gpu = dispatch(device=args.device).on_gpu
+    on_gpu = uses_gpu(args.device)
     device = "gpu" if on_gpu else "cpu"
     n = args.models or (10000 if on_gpu else 64)
     ref = reference_complex()
