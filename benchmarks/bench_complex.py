@@ -241,6 +241,9 @@ def main() -> int:
                                 tls_key=None, workers=None, gpus=None, quiet=True, journal_interval=5.0,
                                 progress_interval=None)
         job = EvaluateJob(str(ref_path), confidence="none", device=device)
+        from protgpu.batch.local import pool_start_method
+
+        start_method = pool_start_method(None)  # fork unless CuPy or a thread is already here
         t0 = time.perf_counter()
         summary = run_job(ns, job, [str(tmp / "models")], description="evaluate")
         e2e = time.perf_counter() - t0
@@ -283,7 +286,8 @@ def main() -> int:
         extra = {"data": "synthetic perturbations (rigid motion of chain B, correlated noise) of 1eud_ref.pdb cut to "
                          f"chain A ({chains['A']} residues) + a 150-residue window of chain B ({chains['B']})",
                  "device": device, "write_pdbs_s": write_s, "engine_stats": dict(summary.stats),
-                 "per_model_ms": steps, "main_process_s": main_process_split(summary.stats, e2e)}
+                 "per_model_ms": steps, "main_process_s": main_process_split(summary.stats, e2e),
+                 "parse_pool_start_method": start_method}
         per = None
         if anchor is not None:
             diff = np.abs(np.asarray(anchor["dockq"]) - table["dockq"][:k])
@@ -315,7 +319,7 @@ def main() -> int:
     print_table(rows, ["variant", "models", "seconds", "models_per_s", "x_vs_dockq_1core"])
     print("per model, ms: " + ", ".join(f"{k} {v:.2f}" for k, v in extra["per_model_ms"].items()))
     print("end to end, main process, s: " + ", ".join(f"{k} {v:.3f}" for k, v in extra["main_process_s"].items()))
-    for key in ("data", "dockq_max_abs_diff_vs_anchor", "anchor"):
+    for key in ("parse_pool_start_method", "data", "dockq_max_abs_diff_vs_anchor", "anchor"):
         if key in extra:
             print(f"{key}: {extra[key]}")
     info = machine()
