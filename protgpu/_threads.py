@@ -1,4 +1,5 @@
-"""CPU thread control for the NumPy paths: the usable core count (:func:`cpu_threads`), a pool's task
+"""CPU thread control for the NumPy paths: the usable core count (:func:`cpu_threads`; a batch parse
+worker's share of them, :func:`share_cores`), a pool's task
 runner (:func:`run_tasks`), the split of the cores between a QCP pool and BLAS (:func:`cpu_split`),
 and BLAS's own thread count (:func:`blas_threads`, through threadpoolctl).
 """
@@ -8,14 +9,35 @@ from __future__ import annotations
 import contextlib
 import os
 
+#: Environment variable that caps :func:`cpu_threads` (a batch parse worker's share of the cores: set
+#: by the worker's initializer, :func:`share_cores`, and inherited by what it starts)
+CPU_THREADS_ENV = "PROTGPU_CPU_THREADS"
+
 
 def cpu_threads() -> int:
     """CPU cores this process may run on (its affinity mask where the OS has one, else the machine's
-    count); at least 1. The default worker count of the NumPy paths' thread pools."""
+    count), at most ``$PROTGPU_CPU_THREADS`` when set; at least 1. The default worker count of the
+    NumPy paths' thread pools."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        n = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+        n = max(1, os.cpu_count() or 1)
+    cap = os.environ.get(CPU_THREADS_ENV, "")
+    if cap.strip().isdigit() and int(cap) >= 1:
+        n = min(n, int(cap))
+    return n
+
+
+def share_cores(n_processes: int) -> int:
+    """Cap this process's :func:`cpu_threads` at its share of the cores when ``n_processes`` processes
+    (a batch's parse workers) run at once: ``max(1, cores // n_processes)``, so that their thread pools
+    together do not exceed the cores (each pool sized to every core, 16 workers on 16 cores would start
+    256 threads). Returns the share. BLAS's thread count is left alone: the batch jobs' numbers depend on
+    it in their last digits (``Job.uses_blas``), and a parse worker's BLAS threads stay idle (measured:
+    the evaluate job's load runs on one thread)."""
+    share = max(1, cpu_threads() // max(1, int(n_processes)))  # of a cap already set, if any
+    os.environ[CPU_THREADS_ENV] = str(share)
+    return share
 
 
 def run_tasks(pool, fn, items):

@@ -23,6 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
 from dataclasses import dataclass
 
+from .._threads import share_cores
 from .inputs import file_sha256
 from .job import Job, progress_sink
 from .results import Failure, InputResult, as_result, failed_result, failure_of
@@ -30,12 +31,14 @@ from .results import Failure, InputResult, as_result, failed_result, failure_of
 _WORKER_JOB: Job | None = None
 
 
-def _install_job(job_bytes: bytes, owner: int) -> None:
-    """Process-pool initializer: the job is unpickled once per worker, not once per input; and a watch
-    on the process that owns the pool, since a pool worker whose owner was SIGKILLed would otherwise
-    wait for work forever (a forked worker is orphaned; a forkserver's worker has the server as its
-    parent, which outlives the owner)."""
+def _install_job(job_bytes: bytes, owner: int, n_workers: int = 1) -> None:
+    """Process-pool initializer: the worker's thread pools sized to its share of the cores
+    (:func:`protgpu._threads.share_cores`: ``n_workers`` workers run at once); the job unpickled once
+    per worker, not once per input; and a watch on the process that owns the pool, since a pool worker
+    whose owner was SIGKILLed would otherwise wait for work forever (a forked worker is orphaned; a
+    forkserver's worker has the server as its parent, which outlives the owner)."""
     global _WORKER_JOB
+    share_cores(n_workers)
     _WORKER_JOB = pickle.loads(job_bytes)
 
     def watch():
@@ -136,8 +139,23 @@ def default_jobs() -> int:
 
 
 # Modules whose presence means this process may have started CUDA (or a library's thread pool that a
-# forked child would inherit in a locked state): parse workers are then not forked.
-_NO_FORK_MODULES = ("cupy", "cuda", "torch", "nvmath", "numba", "jax", "tensorflow", "pycuda")
+# forked child would inherit in a locked state): parse workers are then not forked. numba is not among
+# them: it starts threads only for its parallel loops (its threading layer, see _numba_threads_started),
+# and the evaluate job imports it with its reference (the compiled contact searches), before the pool.
+_NO_FORK_MODULES = ("cupy", "cuda", "torch", "nvmath", "jax", "tensorflow", "pycuda")
+
+
+def _numba_threads_started() -> bool:
+    """Whether numba (when imported) has launched its threading layer (workqueue, OpenMP or TBB: not
+    fork-safe once running); True when that cannot be told. Importing numba and running its ``njit``
+    functions (protgpu's, none of them parallel) starts no thread."""
+    if "numba" not in sys.modules:
+        return False
+    try:
+        from numba.np.ufunc import parallel
+    except Exception:  # another numba layout: assume the worst
+        return True
+    return bool(getattr(parallel, "_is_initialized", True))
 
 
 def fork_is_safe() -> bool:
@@ -151,7 +169,7 @@ def fork_is_safe() -> bool:
         return False
     if threading.active_count() > 1:
         return False
-    return not any(m in sys.modules for m in _NO_FORK_MODULES)
+    return not any(m in sys.modules for m in _NO_FORK_MODULES) and not _numba_threads_started()
 
 
 def pool_start_method(start_method: str | None) -> str:
@@ -199,7 +217,7 @@ class Parser:
     def _start(self):
         if self.kind == "process":
             self.executor = ProcessPoolExecutor(self.n, mp_context=self._context(), initializer=_install_job,
-                                                initargs=(self.job_bytes, os.getpid()))
+                                                initargs=(self.job_bytes, os.getpid(), self.n))
         elif self.kind == "thread":
             self.executor = ThreadPoolExecutor(self.n, thread_name_prefix="protgpu-parse")
 

@@ -49,7 +49,9 @@ class EvaluateJob(Job):
 
     name = "evaluate"
     #: stats: the compute's seconds by step (``stack_s``, ``lddt_s``, ``tm_s``, ``dockq_rmsd_s``, see
-    #: :func:`~protgpu.complexes.scores.score_mapped`) and ``batches``, added up in the compute process
+    #: :func:`~protgpu.complexes.scores.score_mapped`) and ``batches``, added up in the compute process;
+    #: ``warmup_score_s``: the warm-up's scoring of the reference (the engine's ``warmup_s`` less the
+    #: device's start: importing CuPy, the CUDA context)
     uses_blas = True  # TM-score's search (as ScoreJob)
 
     def __init__(self, reference=None, *, confidence: str = "auto", chain_mapping="auto",
@@ -159,15 +161,20 @@ class EvaluateJob(Job):
         compiled CPU loops) and the reference's lDDT pair lists are ready before the first batch, whose
         time would otherwise set the engine's first batch sizes (see ``iter_local``'s ``cap``)."""
         import contextlib
+        import time
 
         def score_reference():
             if self.reference is not None:
                 from ..._array import dispatch
                 from ...complexes.scores import map_model, score_mapped
 
+                t0 = time.perf_counter()
                 s, cm = map_model(self.reference.raw, self.reference)
                 device = "gpu" if dispatch(device=self.device).on_gpu else "cpu"
                 score_mapped([s], [cm], self.reference, device)
+                # the warm-up's part after the device was decided (CuPy imported, on the GPU)
+                stats = self.__dict__.setdefault("stats", {})
+                stats["warmup_score_s"] = stats.get("warmup_score_s", 0.0) + time.perf_counter() - t0
 
         if warm_device(self.device, score_reference) is False:
             with contextlib.suppress(Exception):  # the inputs will meet it again and report it properly
