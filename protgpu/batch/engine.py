@@ -248,7 +248,8 @@ def _iter_locked(state: _Run, job, order: list, store: Store | None, *, resume, 
         else:
             batches = iter_local(job, todo, jobs=jobs, pool=pool, start_method=start_method,
                                   batch_size=batch_size, log=bar.note_to(log), stats=stats,
-                                  journal_s=journal_interval, on_progress=bar.partial)
+                                  journal_s=journal_interval, on_progress=bar.partial,
+                                  stop_at_failure=not keep_going)
         try:
             for results in batches:
                 results.sort(key=lambda r: r.index)

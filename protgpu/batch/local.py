@@ -282,8 +282,13 @@ def chunk_size(kind: str, n_inputs: int, jobs: int) -> int:
 
 def iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, batch_size: int,
                 log, stats: dict | None = None, journal_s: float = 5.0,
-                on_progress: Callable[[float], None] | None = None) -> Iterator[list[InputResult]]:
+                on_progress: Callable[[float], None] | None = None,
+                stop_at_failure: bool = False) -> Iterator[list[InputResult]]:
     """Yield lists of results, one list per computed batch (plus lists of parse failures).
+
+    ``stop_at_failure`` (the engine's run without keep-going, which stops at the first failure): before
+    a list of parse failures, compute the inputs already parsed that come before the first of them, so
+    that the journal holds every input before the failed one whatever order the parse results came in.
 
     A batch holds at most ``batch_size`` inputs, and no more than the compute of earlier batches says
     fit in ``journal_s`` seconds (the first batch: at most 8), so that the engine journals finished
@@ -368,6 +373,20 @@ def iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, batc
         add_time("compute_s", t0)
         return out
 
+    def before_failure(failed: list) -> Iterator[list[InputResult]]:
+        """With ``stop_at_failure``: the batches of the parsed inputs ahead of the first failure."""
+        if not stop_at_failure:
+            return
+        first = min(r.index for r in failed)
+        while True:
+            key = next((k for k, g in groups.items() if any(e.index < first for e in g)), None)
+            if key is None:
+                return
+            groups[key].sort(key=lambda e: e.index)  # (flush takes a group's first entries)
+            if not warmed:
+                warm_up()
+            yield flush(key)
+
     warmed = False
 
     def warm_up():
@@ -399,6 +418,7 @@ def iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, batc
                 index, path = queue.popleft()
                 failed = add(parse_one(job, index, path, stats))
                 if failed:
+                    yield from before_failure(failed)
                     yield failed
                 continue
             t0 = time.perf_counter()
@@ -418,6 +438,7 @@ def iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, batc
                 failed = _recover(parser, in_flight, add, log)
                 n_in_flight = 0
                 if failed:
+                    yield from before_failure(failed)
                     yield failed
                 continue
             if not warmed:  # while the workers start and parse the first chunks
@@ -446,6 +467,7 @@ def iter_local(job: Job, todo: list, *, jobs: int, pool: str, start_method, batc
                 parser.close(wait=False)
                 add_time("pool_shutdown_s", t0)
             if failed:
+                yield from before_failure(failed)
                 yield failed
     finally:
         if parser is not None:
