@@ -678,16 +678,11 @@ def main(argv=None) -> int:
     ap.add_argument("--host-only", action="store_true",
                     help="only the GPU path's host work per pair (pack, plan, unpack) at 100 and 300 residues; no GPU")
     args = ap.parse_args(argv)
-    if args.host_only:
-        result = host_throughput(args)
-        out = Path(args.json) if args.json else RESULTS / f"align-host-{device_tag(machine())}.json"
-        write_results("align-host", result["rows"], {"note": result["note"]}, path=str(out))
-        print(f"wrote {out}")
-        return 0
-    if args.quick:
-        result = quick_throughput(args)
-        out = Path(args.json) if args.json else RESULTS / f"align-quick-{device_tag(machine())}.json"
-        write_results("align-quick", result["rows"], {"note": result["note"]}, path=str(out))
+    if args.host_only or args.quick:  # one table each, in its own results file
+        name, run = ("align-host", host_throughput) if args.host_only else ("align-quick", quick_throughput)
+        result = run(args)
+        out = Path(args.json) if args.json else RESULTS / f"{name}-{device_tag(machine())}.json"
+        write_results(name, result["rows"], {"note": result["note"]}, path=str(out))
         print(f"wrote {out}")
         return 0
     if args.merge:
