@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from ..scoring._fast import cell_sort
+
 #: k-d trees of one model's atoms, built for one search: unbalanced and not compacted (about half the
 #: build time of scipy's defaults for a few thousand atoms; the searches find the same pairs)
 _QUICK_TREE = {"balanced_tree": False, "compact_nodes": False}
@@ -187,41 +189,12 @@ def _bounds(x):
     return lo, hi
 
 
-def _cell_sort(x, lo, edge, dims):
-    """A cell list of the points ``x`` (N, 3) in cells of edge ``edge`` from ``lo`` (dims cells per
-    axis): each point's cell coordinates (N, 3), the first sorted position of each cell (C + 1,), the
-    points sorted by cell (N,), and their coordinates in that order (N, 3) (a counting sort)."""
-    n = x.shape[0]
-    ny, nz = dims[1], dims[2]
-    n_cells = dims[0] * ny * nz
-    ci = np.empty((n, 3), dtype=np.int64)
-    cell = np.empty(n, dtype=np.int64)
-    for a in range(n):
-        for k in range(3):
-            ci[a, k] = min(int((x[a, k] - lo[k]) / edge), dims[k] - 1)
-        cell[a] = (ci[a, 0] * ny + ci[a, 1]) * nz + ci[a, 2]
-    start = np.zeros(n_cells + 1, dtype=np.int64)
-    for a in range(n):
-        start[cell[a] + 1] += 1
-    for c in range(n_cells):
-        start[c + 1] += start[c]
-    fill = start.copy()
-    order = np.empty(n, dtype=np.int64)
-    xs = np.empty((n, 3))
-    for a in range(n):
-        t = fill[cell[a]]
-        order[t] = a
-        xs[t, 0], xs[t, 1], xs[t, 2] = x[a, 0], x[a, 1], x[a, 2]
-        fill[cell[a]] += 1
-    return ci, start, order, xs
-
-
 def _contact_cells(x1, x2, r2lo, r2hi, lo, edge, dims):
     """:func:`_contact_atoms`' pairs by a cell list of ``x2`` (compiled by numba, see ``_LOOPS``):
     positions (i, j) of the pairs with squared distance <= ``r2hi``, and whether it is above
     ``r2lo`` (a pair for the k-d tree's own test)."""
     nx, ny, nz = dims[0], dims[1], dims[2]
-    _, start, order, xs = _cell_sort(x2, lo, edge, dims)
+    _, start, order, xs = cell_sort(x2, lo, edge, dims)
     cap = 64
     oi = np.empty(cap, dtype=np.int64)
     oj = np.empty(cap, dtype=np.int64)
@@ -264,7 +237,7 @@ def _clash_cells(x, r, res, code, sg, lo, edge, dims):
     seen once, on contiguous rows."""
     n = x.shape[0]
     nx, ny, nz = dims[0], dims[1], dims[2]
-    ci, start, order, xs = _cell_sort(x, lo, edge, dims)
+    ci, start, order, xs = cell_sort(x, lo, edge, dims)
     rs = np.empty(n, dtype=np.int64)
     cs = np.empty(n, dtype=np.int64)
     gs = np.empty(n, dtype=np.bool_)
@@ -318,7 +291,9 @@ def _make_loops():
     from ..scoring._fast import Loops
 
     loops = Loops(globals())
-    for fn in (_bounds, _cell_sort, _contact_cells, _clash_cells):
+    # (cell_sort, imported from scoring._fast, is compiled here too: numba takes a callee from this
+    # module's globals)
+    for fn in (_bounds, cell_sort, _contact_cells, _clash_cells):
         loops.jit(fn)
     return loops
 

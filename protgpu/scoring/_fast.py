@@ -607,22 +607,42 @@ def lddt_counts(coords, ref, thresholds=(0.5, 1.0, 2.0, 4.0), symmetry: bool = T
 
 
 @_jit
+def cell_sort(x, lo, edge, dims):
+    """A cell list of the points ``x`` (N, 3) in cells of edge ``edge`` from ``lo`` (``dims`` cells per
+    axis, :func:`cell_grid`): each point's cell coordinates (N, 3), the first sorted position of each
+    cell (C + 1,), the points sorted by cell, in index order within a cell (N,), and their coordinates
+    in that order (N, 3). A counting sort; used here and by the complexes' contact and clash searches."""
+    n = x.shape[0]
+    ny, nz = dims[1], dims[2]
+    n_cells = dims[0] * ny * nz
+    ci = np.empty((n, 3), dtype=np.int64)
+    cell = np.empty(n, dtype=np.int64)
+    for a in range(n):
+        for k in range(3):
+            ci[a, k] = min(int((x[a, k] - lo[k]) / edge), dims[k] - 1)
+        cell[a] = (ci[a, 0] * ny + ci[a, 1]) * nz + ci[a, 2]
+    start = np.zeros(n_cells + 1, dtype=np.int64)
+    for a in range(n):
+        start[cell[a] + 1] += 1
+    for c in range(n_cells):
+        start[c + 1] += start[c]
+    fill = start.copy()
+    order = np.empty(n, dtype=np.int64)
+    xs = np.empty((n, 3))
+    for a in range(n):
+        t = fill[cell[a]]
+        order[t] = a
+        xs[t, 0], xs[t, 1], xs[t, 2] = x[a, 0], x[a, 1], x[a, 2]
+        fill[cell[a]] += 1
+    return ci, start, order, xs
+
+
+@_jit
 def _pairs_cells(y, radius, origin, dims):
     """Pairs (i < j) with |y_i - y_j|^2 <= radius^2, sorted by (i, j), by a cell list of edge ``radius``."""
     n = y.shape[0]
     nx, ny, nz = dims[0], dims[1], dims[2]
-    cell = np.empty(n, dtype=np.int64)
-    ci = np.empty((n, 3), dtype=np.int64)
-    for a in range(n):
-        for k in range(3):
-            ci[a, k] = min(int((y[a, k] - origin[k]) / radius), dims[k] - 1)
-        cell[a] = (ci[a, 0] * ny + ci[a, 1]) * nz + ci[a, 2]
-    order = np.argsort(cell, kind="mergesort")
-    start = np.zeros(nx * ny * nz + 1, dtype=np.int64)
-    for a in range(n):
-        start[cell[a] + 1] += 1
-    for c in range(nx * ny * nz):
-        start[c + 1] += start[c]
+    ci, start, order, _ = cell_sort(y, origin, radius, dims)
     r2 = radius * radius
     cap = max(16, 64 * n)
     out = np.empty((cap, 2), dtype=np.int64)
