@@ -13,9 +13,7 @@ import numpy as np
 import pytest
 
 # (ldmatrix and mma.sync as the PTX manual defines their fragments: the mma kernel's emulation, beside this file)
-from test_flash_backward_emulate import ldmatrix, mma
-
-from protgpu.attention.reference import attention_backward_numpy, attention_lse_numpy
+from test_flash_backward_emulate import check_emulation_against_twin, ldmatrix, mma
 
 T = 64  # BWG_TILE; HEAD_DIM = 64
 W = np.arange(4)[:, None, None]
@@ -238,13 +236,5 @@ def emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, dout, dq_mma=False
                          ids=["dq-wgmma", "dq-mma", "dq-bulk"])
 @pytest.mark.parametrize("cutoff", [None, 9.0])
 def test_wgmma_backward_layout_reproduces_the_twin(cutoff, dq_mma, dq_bulk):
-    rng = np.random.default_rng(1)
-    B, L, H, d = 2, 100, 2, 64  # two key blocks and two query tiles, the second ones partial
-    q, k, v, do = (rng.normal(size=(B, L, H, d)) for _ in range(4))
-    x = np.cumsum(1.9 * rng.normal(size=(B, L, 3)), axis=1)
-    gamma, mask, scale = np.array([0.05, 0.2]), rng.random((B, L)) < 0.8, 1 / np.sqrt(d)
-    out, lse = attention_lse_numpy(q, k, v, x, gamma, cutoff, mask)
-    ref = attention_backward_numpy(q, k, v, x, gamma, cutoff, mask, scale, out, lse, do)
-    got = emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, do, dq_mma, dq_bulk)
-    for name, a, r in zip(("dq", "dk", "dv", "dcoords", "dgamma"), got, ref, strict=True):
-        assert np.max(np.abs(a - r)) <= 1e-12 * max(1.0, np.max(np.abs(r))), name
+    # two key blocks and two query tiles, the second ones partial
+    check_emulation_against_twin(emulate, 1, 2, 100, 2, 64, cutoff, dq_mma=dq_mma, dq_bulk=dq_bulk)
