@@ -323,7 +323,7 @@ def finish(packed: Packed, pair_chain, map_off, values, n_aligned, rt, maps, seq
     x = [np.take(flat, rx + j) for j in range(3)]
     m = np.repeat(rt.T, counts, axis=1)
     d2 = np.zeros(len(sel))
-    scale = 1.0 + (float(np.abs(rt[:, 9:]).max()) if n_pairs else 0.0)
+    scale = 1.0 + float(np.abs(rt[:, 9:]).max())  # (n_pairs > 0 here)
     for j in range(3):
         y = np.take(flat, ry + j)
         c = x[0] * m[3 * j]
