@@ -392,19 +392,27 @@ def lddt_reference_of(ref_s, flavour: str, cache: dict | None = None):
     return cache[flavour]
 
 
-def lddt_of(model, ref_s, flavour: str, pairs: np.ndarray, device: str = "cpu", cache: dict | None = None):
+def lddt_of(model, ref_s, flavour: str, pairs: np.ndarray, device: str = "cpu", cache: dict | None = None,
+            batches: dict | None = None):
     """lDDT (M,) of every frame of ``model`` on the residue ``pairs``: :func:`protgpu.lddt`'s values
     (default thresholds, symmetry resolved) for ``flavour`` "heavy" or "ca", and for "inter" the lDDT
     over the reference's inter-chain pairs only (the interface lDDT); lDDT's NumPy twin (compiled) on
-    the CPU, its CUDA kernel on the GPU (one launch). ``cache`` as :func:`lddt_reference_of`."""
+    the CPU, its CUDA kernel on the GPU (one launch). ``cache`` as :func:`lddt_reference_of`.
+    ``batches``: a dict kept by the caller for one ``model`` and ``pairs``, so that "heavy" and "inter"
+    (the same atoms) gather and upload the models' atoms once."""
     from .._array import dispatch, to_numpy
     from ..scoring import _batch, _fast
     from ..scoring.lddt import lddt_counts_cuda
 
     be = dispatch(model, ref_s, device=device)
     ref, info, ref_atoms = lddt_reference_of(ref_s, flavour, cache)
-    groups, _ = _batch.collect_models(model, ref_s)
-    batch = _batch.atom_batch(groups, ref_s, info, ref_atoms, pairs, be, _batch.work_dtype(model, ref_s))
+    atoms = "ca" if flavour == "ca" else "heavy"
+    batch = None if batches is None else batches.get(atoms)
+    if batch is None:
+        groups, _ = _batch.collect_models(model, ref_s)
+        batch = _batch.atom_batch(groups, ref_s, info, ref_atoms, pairs, be, _batch.work_dtype(model, ref_s))
+        if batches is not None:
+            batches[atoms] = batch
     if be.on_gpu:
         counts = lddt_counts_cuda(batch.coords, ref)
     elif _fast.enabled():  # the compiled twin (integer counts: the same as the NumPy twin's)
@@ -658,9 +666,11 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
         stack = first if len(idx) == 1 else Structure(xs, first.atoms, source=first.source)
         rp = cm.residue_pairs()
         clock("stack_s")
+        batches: dict = {}
         for col, flavour in (("lddt", "heavy"), ("bb_lddt", "ca"), ("ilddt", "inter")):
             if col in metrics:
-                table[col][idx] = lddt_of(stack, ref_s, flavour, rp, device, ref._lddt)
+                table[col][idx] = lddt_of(stack, ref_s, flavour, rp, device, ref._lddt, batches)
+        del batches
         clock("lddt_s")
         if want_tm:
             t = tm_score(stack, ref_s, mapping=rp, device=device)
