@@ -325,3 +325,31 @@ def protein_chain_cas(structure) -> tuple[list, list]:
         names.append(c)
         cas.append(ca[ca >= 0])
     return names, cas
+
+
+def complex_tm(coords, model_s, ref_s, chains: dict | None = None) -> np.ndarray:
+    """MM-align TM-scores (:attr:`ComplexAlignment.tm`) of model frames against a reference complex.
+
+    Parameters
+    ----------
+    coords : array_like, shape (M, N, 3)
+        Coordinates (Angstrom) of M frames of ``model_s``'s N atoms.
+    model_s, ref_s : Structure
+        The model's atom table and the reference (its first frame); protein chains as
+        :func:`protein_chain_cas` reads them.
+    chains : dict of str to str, optional
+        Reference chain -> model chain (a :class:`~protgpu.complexes.ChainMapping`'s ``chains``): the
+        fixed assignment, as OpenStructure's ``oum`` mode; None: MM-align's own.
+
+    Returns
+    -------
+    ndarray, shape (M,)
+    """
+    mn, mc = protein_chain_cas(model_s)
+    rn, rc = protein_chain_cas(ref_s)
+    ry = np.asarray(ref_s.coords[0], np.float64)
+    target = [ry[c] for c in rc]
+    fixed = None if chains is None else {mn.index(m): rn.index(r) for r, m in chains.items()
+                                         if m in mn and r in rn}
+    xs = np.asarray(coords, np.float64)
+    return np.array([mm_align([x[c] for c in mc], target, mapping=fixed).tm for x in xs])
