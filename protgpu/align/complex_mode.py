@@ -19,8 +19,14 @@ Design, parameters and what differs from US-align: ``docs/design/complexes.md`` 
    superposition (US-align's ``se_main``: pairs beyond score_d8 dropped), re-assign greedily; stop
    when the summed weight stops rising. If it never beats the best single chain pair, restart from
    that pair alone.
-4. Final score: the TM-score search (step 1, every pair scored) on the concatenated chain
+4. The cross-chain step (``MMalign_dimer``): the assigned chains end to end, TM-aligned as one pair
+   with the DP masked to the assigned blocks (:mod:`._dimer`); its superposition replaces the
+   iterations' if the re-aligned chain pairs weigh more under it.
+5. Final score: the TM-score search (step 1, every pair scored) on the concatenated chain
    alignments, normalised by the target's total length.
+
+One chain against one is plain TM-align (:func:`numpy_twin.tm_align_pair`, normalised by the target),
+as MM-align and OpenStructure do.
 
 With ``mapping`` the assignment is given (as OpenStructure's ``oum`` mode gives MM-align its chain
 mapping): only the mapped pairs are aligned and weighted, so step 2 keeps them and the iterations only
@@ -236,6 +242,12 @@ def mm_align(mobile, target, *, mapping=None) -> ComplexAlignment:
     xs = [np.asarray(x, np.float64).reshape(-1, 3) for x in mobile]
     ys = [np.asarray(y, np.float64).reshape(-1, 3) for y in target]
     n1, n2 = len(xs), len(ys)
+    if n1 == 1 and n2 == 1 and (mapping is None or mapping == {0: 0}):
+        if min(len(xs[0]), len(ys[0])) < MIN_CHAIN:
+            return ComplexAlignment(0.0, {}, np.zeros((0, 2), np.int64), np.eye(3), np.zeros(3))
+        # one chain each: MM-align (and OpenStructure) run plain TM-align
+        r = tm_align_pair(xs[0], ys[0], "X" * len(xs[0]), "X" * len(ys[0]))
+        return ComplexAlignment(float(r.tm_target), {0: 0}, r.aligned, r.rotation, r.translation)
     ly_total = float(sum(len(y) for y in ys))
     length = float(min(sum(len(x) for x in xs), ly_total))  # US-align's len_aa
     allowed = np.array([[len(x) >= MIN_CHAIN and len(y) >= MIN_CHAIN for y in ys] for x in xs], bool)
