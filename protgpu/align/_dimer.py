@@ -58,18 +58,26 @@ def _nw_masked_loop(s, mask, gap, j2i):
             d = 1.1754943508222875e-38  # FLT_MIN
             if mask[i - 1, j - 1]:
                 d = val[i - 1, j - 1] + s[i - 1, j - 1]
-            h = val[i - 1, j]
-            if path[i - 1, j]:
-                h += gap
-            v = val[i, j - 1]
-            if path[i, j - 1]:
-                v += gap
+            h, v = _gap_moves(val, path, i, j, gap)
             if d >= h and d >= v:
                 path[i, j] = True
                 val[i, j] = d
             else:
                 val[i, j] = v if v >= h else h
     _traceback(val, path, gap, j2i)
+
+
+@_LOOPS.jit
+def _gap_moves(val, path, i, j, gap):
+    """Values of cell (i, j) reached by a gap from (i - 1, j) and from (i, j - 1): the gap opening is
+    charged after an aligned pair only."""
+    h = val[i - 1, j]
+    if path[i - 1, j]:
+        h += gap
+    v = val[i, j - 1]
+    if path[i, j - 1]:
+        v += gap
+    return h, v
 
 
 @_LOOPS.jit
@@ -81,12 +89,7 @@ def _traceback(val, path, gap, j2i):
             i -= 1
             j -= 1
         else:
-            h = val[i - 1, j]
-            if path[i - 1, j]:
-                h += gap
-            v = val[i, j - 1]
-            if path[i, j - 1]:
-                v += gap
+            h, v = _gap_moves(val, path, i, j, gap)
             if v >= h:
                 j -= 1
             else:

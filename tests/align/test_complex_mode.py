@@ -3,29 +3,16 @@ chain, its invariances, the masked DP's twin against its compiled path, and Open
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_tmalign_gpu import _walk
+from test_tmalign_gpu import numpy_twin_only as _twin_only
 
 from protgpu.align import _dimer
 from protgpu.align.complex_mode import ComplexAlignment, complex_tm, greedy_assignment, mm_align
 from protgpu.align.numpy_twin import tm_align_pair
-
-
-@contextlib.contextmanager
-def _twin_only():
-    from protgpu.scoring import _fast
-
-    saved = _fast.ENABLED
-    _fast.ENABLED = False
-    try:
-        yield
-    finally:
-        _fast.ENABLED = saved
 
 
 def _rotation(seed: int) -> np.ndarray:
