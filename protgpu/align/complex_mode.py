@@ -298,7 +298,7 @@ def mm_align(mobile, target, *, mapping=None) -> ComplexAlignment:
         # the cross-chain step: TM-align of the whole complex, inter-chain cells masked
         if np.count_nonzero(state[0] >= 0) >= np.count_nonzero(init[0] >= 0):
             init = state
-        rt = _cross(xs, ys, *init, length)
+        rt = _cross(xs, ys, *init, length) if length < 10000 else None  # US-align skips it from 10,000
         if rt is not None:
             w, al = realign_all(*rt)
             a = init[0].copy()
