@@ -1,9 +1,10 @@
 """Scores of a model complex against a reference complex, on the residues a chain mapping pairs.
 
 What exists in protgpu is reused on the mapped residues (the mapping's residue pairs are the explicit
-``mapping=`` of those functions): lDDT and backbone (CA) lDDT are :func:`protgpu.lddt`; TM-score,
-GDT-TS/HA and the CA RMSD are :func:`protgpu.tm_score` (normalised by the reference's total length, as
-US-align's complex mode normalises); the interface lDDT is lDDT's own NumPy twin on the inter-chain
+``mapping=`` of those functions): lDDT and backbone (CA) lDDT are :func:`protgpu.lddt`; GDT-TS/HA
+and the CA RMSD are :func:`protgpu.tm_score`; TM-score is US-align's complex mode
+(:mod:`protgpu.align.complex_mode`, normalised by the reference's total length), or that search on the
+mapped residues (``tm_mode="mapped"``); the interface lDDT is lDDT's own NumPy twin on the inter-chain
 pairs only; superpositions are :func:`protgpu.superpose`. New here: QS-score (Bertoni et al. 2017, as
 OpenStructure's ``QSScorer``) and DockQ (Basu & Wallner 2016; the v2 aggregate of Mirabello & Wallner
 2024). Definitions, and what reproduces OpenStructure, are in docs/design/complexes.md.
@@ -17,6 +18,7 @@ import numpy as np
 
 from .._autograd import refuse_grad
 from .._inputs import source_name
+from ..align.complex_mode import complex_tm
 from ..errors import InputError
 from ..scoring import _mapping as mp
 from ..scoring.lddt import lddt_counts_numpy, lddt_scores
@@ -43,6 +45,10 @@ METRICS = ("lddt", "bb_lddt", "ilddt", "tm_score", "gdtts", "gdtha", "rmsd", "qs
 QS_CONTACT = 12.0  # Angstrom, CB-CB (CA for GLY) inter-chain contact of QS-score
 DOCKQ_CONTACT = 5.0  # Angstrom, heavy-atom contact of fnat
 DOCKQ_INTERFACE = 10.0  # Angstrom, interface residues of iRMSD
+#: ``tm_score`` modes: "usalign" - US-align's complex mode (MM-align, as OpenStructure) on protgpu's chain
+#: mapping (OpenStructure's ``oum``); "usalign-auto" - MM-align assigning chains itself (OpenStructure's
+#: default); "mapped" - the TMscore program's search on the mapped residues (docs/design/complexes.md).
+TM_MODES = ("usalign", "usalign-auto", "mapped")
 BACKBONE = ("CA", "C", "N", "O")
 
 
@@ -454,13 +460,19 @@ class ComplexReference:
     reference : Structure or path
     metrics : sequence of str
         Any of :data:`METRICS`.
+    tm_mode : str
+        How ``tm_score`` is computed (:data:`TM_MODES`); "mapped" here (the batch engine's speed),
+        "usalign" in :func:`score_complex`.
     """
 
-    def __init__(self, reference, metrics=METRICS):
+    def __init__(self, reference, metrics=METRICS, tm_mode: str = "mapped"):
         self.metrics = tuple(metrics)
         bad = [m for m in self.metrics if m not in METRICS]
         if bad:
             raise InputError(f"metrics: unknown {bad}; choose from {list(METRICS)}")
+        if tm_mode not in TM_MODES:
+            raise InputError(f"tm_mode: unknown {tm_mode!r}; choose from {list(TM_MODES)}")
+        self.tm_mode = tm_mode
         self.raw = reference_structure(reference)
         self.structure = clean(self.raw)
         self.interfaces = native_interfaces(self.structure) if "dockq" in self.metrics else []
@@ -677,6 +689,8 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
             for col, v in (("tm_score", t.tm), ("gdtts", t.gdt_ts), ("gdtha", t.gdt_ha), ("rmsd", t.rmsd)):
                 if col in metrics:
                     table[col][idx] = _host(v)
+            if "tm_score" in metrics and ref.tm_mode != "mapped":
+                table["tm_score"][idx] = complex_tm(xs, first, ref_s, cm.chains if ref.tm_mode == "usalign" else None)
         clock("tm_s")
         if "dockq" in metrics:
             total = np.zeros(len(idx))
@@ -695,7 +709,7 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
 
 
 def score_complex(models, reference, *, metrics=METRICS, chain_mapping="auto", min_identity: float = 30.0,
-                  device: str = "auto"):
+                  device: str = "auto", tm_mode: str = "usalign"):
     """Score model complexes against a reference complex: one row per model.
 
     Parameters
@@ -716,6 +730,11 @@ def score_complex(models, reference, *, metrics=METRICS, chain_mapping="auto", m
         Where lDDT, TM-score/GDT/RMSD and the DockQ superpositions run. Models of one atom table and
         one mapping are scored in one batched call per metric (on the GPU: one kernel launch each); the
         chain mapping, QS-score and the DockQ contacts are counted on the CPU.
+    tm_mode : {"usalign", "usalign-auto", "mapped"}
+        ``tm_score`` as OpenStructure's Scorer: US-align's complex mode (MM-align: residues aligned by
+        structure, CPU) with the chain mapping fixed to protgpu's ("usalign", OpenStructure's ``oum``) or
+        chosen by MM-align ("usalign-auto"); or "mapped": the TMscore program's search on the
+        sequence-mapped residues (the GDT/RMSD search; fast, batched, on ``device``).
 
     Returns
     -------
@@ -740,7 +759,7 @@ def score_complex(models, reference, *, metrics=METRICS, chain_mapping="auto", m
     (0.559, 5.533, [('A', 'B')])
     """
     refuse_grad("pg.score_complex", models, reference)
-    ref = ComplexReference(reference, metrics)
+    ref = ComplexReference(reference, metrics, tm_mode)
     # bare arrays hold the reference's atoms as given: take them before cleaning
     frames = _model_frames(models, ref.raw)
     mapped = [map_model(s, ref, chain_mapping=chain_mapping, min_identity=min_identity) for s, _ in frames]
