@@ -417,13 +417,14 @@ def lddt_reference_of(ref_s, flavour: str, cache: dict | None = None, drop: np.n
 
 
 def lddt_of(model, ref_s, flavour: str, pairs: np.ndarray, device: str = "cpu", cache: dict | None = None,
-            drop: np.ndarray | None = None):
+            drop: np.ndarray | None = None, model_drop: list | None = None):
     """lDDT (M,) of every frame of ``model`` on the residue ``pairs``: :func:`protgpu.lddt`'s values
     (default thresholds, symmetry resolved) for ``flavour`` "heavy" or "ca", and for "inter" the lDDT
     over the reference's inter-chain pairs only (the interface lDDT); lDDT's NumPy twin (compiled) on
     the CPU, its CUDA kernel on the GPU (one launch). ``cache`` and ``drop`` (the reference's
-    stereochecked atoms) as :func:`lddt_reference_of`; a model's removed atoms are NaN coordinates
-    (missing)."""
+    stereochecked atoms) as :func:`lddt_reference_of`. ``model_drop``: for a Structure ``model``, each
+    frame's stereochecked atoms (M arrays of its atom indices, None for none): missing (NaN) in the
+    batch, as an atom the model lacks."""
     from .._array import dispatch, to_numpy
     from ..scoring import _batch, _fast
     from ..scoring.lddt import lddt_counts_cuda
@@ -432,6 +433,14 @@ def lddt_of(model, ref_s, flavour: str, pairs: np.ndarray, device: str = "cpu", 
     ref, info, ref_atoms = lddt_reference_of(ref_s, flavour, cache, drop)
     groups, _ = _batch.collect_models(model, ref_s)
     batch = _batch.atom_batch(groups, ref_s, info, ref_atoms, pairs, be, _batch.work_dtype(model, ref_s))
+    if model_drop is not None and any(d is not None and len(d) for d in model_drop):
+        # the model's atoms laid out on the reference slots (the same cached match atom_batch made)
+        matoms, slots = _batch.checked_atom_match(mp.residue_info(model), info, ref_atoms, pairs,
+                                                  source_name(model, "model"), ref_s)
+        for row, d in enumerate(model_drop):
+            gone = slots[np.isin(matoms, d)] if d is not None and len(d) else slots[:0]
+            if len(gone):
+                batch.coords[row, be.xp.asarray(gone)] = be.xp.nan
     if be.on_gpu:
         counts = lddt_counts_cuda(batch.coords, ref)
     elif _fast.enabled():  # the compiled twin (integer counts: the same as the NumPy twin's)
@@ -446,18 +455,6 @@ def interface_lddt(model, ref_s, pairs: np.ndarray, device: str = "cpu") -> np.n
     """lDDT (M,) over the reference's inter-chain atom pairs only (OpenStructure's ``no_intrachain``),
     of every frame of ``model`` (see :func:`lddt_of`; no stereochecks)."""
     return lddt_of(model, ref_s, "inter", pairs, device)
-
-
-def _stereochecked(stack, xs: np.ndarray, drops: list):
-    """``stack`` (the Structure of models ``xs`` (M, N, 3)) with each model's stereocheck-removed atoms
-    ``drops`` (M lists of atom indices, None for none) as NaN coordinates (missing to lDDT)."""
-    if not any(d is not None and len(d) for d in drops):
-        return stack
-    x = np.array(xs, dtype=np.result_type(xs.dtype, np.float32))
-    for row, d in enumerate(drops):
-        if d is not None and len(d):
-            x[row, d] = np.nan
-    return Structure(x, stack.atoms, source=stack.source)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -707,11 +704,11 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
         rp = cm.residue_pairs()
         clock("stack_s")
         # lddt and ilddt on the stereochecked model (its removed atoms missing) and reference
-        checked = _stereochecked(stack, xs, [host[k].get("stereo_drop") for k in idx]) if ref.stereochecks else stack
+        drops = [host[k].get("stereo_drop") for k in idx] if ref.stereochecks else None
         for col, flavour in (("lddt", "heavy"), ("bb_lddt", "ca"), ("ilddt", "inter")):
             if col in metrics:
-                model = stack if flavour == "ca" else checked
-                table[col][idx] = lddt_of(model, ref_s, flavour, rp, device, ref._lddt, ref.stereo_drop)
+                table[col][idx] = lddt_of(stack, ref_s, flavour, rp, device, ref._lddt, ref.stereo_drop,
+                                          None if flavour == "ca" else drops)
         clock("lddt_s")
         if want_tm:
             t = tm_score(stack, ref_s, mapping=rp, device=device)
