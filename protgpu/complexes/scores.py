@@ -437,10 +437,10 @@ def lddt_of(model, ref_s, flavour: str, pairs: np.ndarray, device: str = "cpu", 
         # the model's atoms laid out on the reference slots (the same cached match atom_batch made)
         matoms, slots = _batch.checked_atom_match(mp.residue_info(model), info, ref_atoms, pairs,
                                                   source_name(model, "model"), ref_s)
-        for row, d in enumerate(model_drop):
-            gone = slots[np.isin(matoms, d)] if d is not None and len(d) else slots[:0]
-            if len(gone):
-                batch.coords[row, be.xp.asarray(gone)] = be.xp.nan
+        gone = [slots[np.isin(matoms, d)] if d is not None and len(d) else slots[:0] for d in model_drop]
+        rows = np.repeat(np.arange(len(gone)), [len(g) for g in gone])
+        if len(rows):  # one scatter for the batch (on the GPU: one transfer of the indices)
+            batch.coords[be.xp.asarray(rows), be.xp.asarray(np.concatenate(gone))] = be.xp.nan
     if be.on_gpu:
         counts = lddt_counts_cuda(batch.coords, ref)
     elif _fast.enabled():  # the compiled twin (integer counts: the same as the NumPy twin's)
