@@ -382,6 +382,12 @@ def _dihedral(x, a, b, c, d):
     return math.atan2(c0 * w0 + c1 * w1 + c2 * w2, v0 * w0 + v1 * w1 + v2 * w2)
 
 
+#: The cell itself and its 13 following neighbours (dx, dy, dz) in lexicographic order: each pair of
+#: neighbouring cells once.
+_HALF_SHELL = np.array([(dx, dy, dz) for dx in (0, 1) for dy in (-1, 0, 1) for dz in (-1, 0, 1)
+                        if (dx, dy, dz) >= (0, 0, 0)], dtype=np.int64)
+
+
 def _clash_loop(xc, radius, res, sg, nbr, link, cutoff, edge, lo, dims):
     """Clashing pairs (i < j) of the clash atoms ``xc`` (K, 3), int64 (C,) each, by a cell list of edge
     ``edge`` (at least ``cutoff``, the largest clash distance, Angstrom;
@@ -393,9 +399,7 @@ def _clash_loop(xc, radius, res, sg, nbr, link, cutoff, edge, lo, dims):
     nx, ny, nz = dims[0], dims[1], dims[2]
     _, start, order, xs = cell_sort(xc, lo, edge, dims)
     cut2 = cutoff * cutoff * (1.0 + 1e-9)  # a hair above: the exact test is on the distance below
-    cap = 16
-    oi = np.empty(cap, dtype=np.int64)
-    oj = np.empty(cap, dtype=np.int64)
+    out = np.empty((16, 2), dtype=np.int64)
     k_out = 0
     for cx in range(nx):
         for cy in range(ny):
@@ -404,55 +408,46 @@ def _clash_loop(xc, radius, res, sg, nbr, link, cutoff, edge, lo, dims):
                 s0, s1 = start[c], start[c + 1]
                 if s0 == s1:
                     continue
-                for dx in range(0, 2):
-                    ax = cx + dx
-                    if ax >= nx:
+                for o in range(_HALF_SHELL.shape[0]):
+                    ax, ay, az = cx + _HALF_SHELL[o, 0], cy + _HALF_SHELL[o, 1], cz + _HALF_SHELL[o, 2]
+                    if ax >= nx or ay < 0 or ay >= ny or az < 0 or az >= nz:
                         continue
-                    for dy in range(-1, 2):
-                        ay = cy + dy
-                        if ay < 0 or ay >= ny or (dx == 0 and dy < 0):
-                            continue
-                        for dz in range(-1, 2):
-                            az = cz + dz
-                            if az < 0 or az >= nz or (dx == 0 and dy == 0 and dz < 0):
+                    d_cell = (ax * ny + ay) * nz + az
+                    t1 = start[d_cell + 1]
+                    for p in range(s0, s1):
+                        i = order[p]
+                        for t in range(p + 1 if o == 0 else start[d_cell], t1):
+                            v0, v1, v2 = xs[p, 0] - xs[t, 0], xs[p, 1] - xs[t, 1], xs[p, 2] - xs[t, 2]
+                            d2 = v0 * v0 + v1 * v1 + v2 * v2
+                            if d2 >= cut2:  # beyond every clash distance (most pairs)
                                 continue
-                            d_cell = (ax * ny + ay) * nz + az
-                            t1 = start[d_cell + 1]
-                            for p in range(s0, s1):
-                                i = order[p]
-                                t0 = p + 1 if d_cell == c else start[d_cell]
-                                for t in range(t0, t1):
-                                    j = order[t]
-                                    v0 = xs[p, 0] - xs[t, 0]
-                                    v1 = xs[p, 1] - xs[t, 1]
-                                    v2 = xs[p, 2] - xs[t, 2]
-                                    d2 = v0 * v0 + v1 * v1 + v2 * v2
-                                    if d2 >= cut2:  # beyond every clash distance (most pairs)
-                                        continue
-                                    thr = radius[i] + radius[j] - CLASH_TOLERANCE
-                                    if sg[i] and sg[j] and res[i] != res[j]:
-                                        thr = DISULFIDE_CLASH
-                                    if not math.sqrt(d2) < thr:
-                                        continue
-                                    if link[i] == j or link[j] == i:
-                                        continue
-                                    bonded = False
-                                    for m in range(nbr.shape[1]):
-                                        if nbr[i, m] == j:
-                                            bonded = True
-                                    if bonded:
-                                        continue
-                                    if k_out == cap:
-                                        cap *= 2
-                                        gi = np.empty(cap, dtype=np.int64)
-                                        gj = np.empty(cap, dtype=np.int64)
-                                        gi[:k_out] = oi[:k_out]
-                                        gj[:k_out] = oj[:k_out]
-                                        oi, oj = gi, gj
-                                    oi[k_out] = min(i, j)
-                                    oj[k_out] = max(i, j)
-                                    k_out += 1
-    return oi[:k_out].copy(), oj[:k_out].copy()
+                            j = order[t]
+                            thr = radius[i] + radius[j] - CLASH_TOLERANCE
+                            if sg[i] and sg[j] and res[i] != res[j]:
+                                thr = DISULFIDE_CLASH
+                            if math.sqrt(d2) < thr and link[i] != j and link[j] != i and not _bonded(nbr, i, j):
+                                out = _append(out, k_out, min(i, j), max(i, j))
+                                k_out += 1
+    return out[:k_out, 0].copy(), out[:k_out, 1].copy()
+
+
+def _bonded(nbr, i, j):
+    """Whether ``j`` is among the template bond partners ``nbr[i]`` (compiled with the loops)."""
+    for m in range(nbr.shape[1]):
+        if nbr[i, m] == j:
+            return True
+    return False
+
+
+def _append(out, k, i, j):
+    """``out`` (cap, 2) with row ``k`` set to (i, j), doubled first when full (compiled with the loops)."""
+    if k == out.shape[0]:
+        grown = np.empty((2 * k, 2), dtype=np.int64)
+        grown[:k] = out[:k]
+        out = grown
+    out[k, 0] = i
+    out[k, 1] = j
+    return out
 
 
 def _make_loops():
@@ -461,7 +456,7 @@ def _make_loops():
     loops = Loops(globals())
     # (cell_sort and _bounds, compiled in their own modules, are compiled here too: numba takes a
     # callee from this module's globals)
-    for fn in (cell_sort, _bounds, _angle_at, _dihedral, _geometry_loop, _clash_loop):
+    for fn in (cell_sort, _bounds, _angle_at, _dihedral, _geometry_loop, _clash_loop, _bonded, _append):
         loops.jit(fn)
     return loops
 
