@@ -398,9 +398,8 @@ def lddt_reference_of(ref_s, flavour: str, cache: dict | None = None, drop: np.n
     inclusion radius) for ``flavour`` "heavy", "ca" or "inter" (heavy atoms, inter-chain pairs only);
     kept in ``cache`` (a :class:`ComplexReference`'s: built once per run, not per batch, and its device
     copies stay on the GPU between batches). ``drop``: reference atoms (indices into ``ref_s``) the
-    stereochecks removed (:func:`protgpu.complexes.stereo.stereo_drop`); their pairs leave the "heavy"
-    and "inter" references (the "ca" one, backbone lDDT, is OpenStructure's without stereochecks). The
-    cache belongs to one reference and one ``drop``."""
+    stereochecks removed; their pairs leave the "heavy" and "inter" references (not "ca": backbone lDDT
+    has no stereochecks). The cache belongs to one reference and one ``drop``."""
     from ..scoring.lddt import _structure_reference
 
     cache = {} if cache is None else cache
@@ -483,8 +482,8 @@ class ComplexReference:
     metrics : sequence of str
         Any of :data:`METRICS`.
     stereochecks : bool
-        lDDT and the interface lDDT on stereochecked structures (:mod:`.stereo`, as OpenStructure's
-        Scorer): the reference's removed atoms (``stereo_drop``) are found here, once.
+        lDDT and the interface lDDT on stereochecked structures (:mod:`.stereo`): the reference's
+        removed atoms (``stereo_drop``) are found here, once.
     """
 
     def __init__(self, reference, metrics=METRICS, stereochecks: bool = True):
@@ -756,10 +755,8 @@ def score_complex(models, reference, *, metrics=METRICS, chain_mapping="auto", m
         chain mapping, QS-score and the DockQ contacts are counted on the CPU.
     stereochecks : bool
         As OpenStructure's Scorer (its default): ``lddt`` and ``ilddt`` leave out the atoms of model and
-        reference with stereochemical problems (bonds and angles beyond 12 standard deviations,
-        clashes; the side chain, or the whole residue when a backbone atom is involved:
-        :mod:`protgpu.complexes.stereo`); removed model atoms count as missing, removed reference atoms
-        take their pairs out. ``bb_lddt`` is computed without them, as OpenStructure's.
+        reference with stereochemical problems (:mod:`protgpu.complexes.stereo`; missing in the model,
+        their pairs out of the reference); ``bb_lddt`` is computed without them, as OpenStructure's.
 
     Returns
     -------
