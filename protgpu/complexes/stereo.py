@@ -42,7 +42,9 @@ from ..scoring import _mapping as mp
 from ..scoring._fast import cell_sort
 from ._contacts import _bounds
 
-__all__ = ["StereoTopology", "stereo_drop", "stereo_problems", "stereo_topology"]
+# helpers of pg.score_complex and protgpu evaluate, importable by name; the public API is
+# score_complex(stereochecks=...)
+__all__: list[str] = []
 
 #: Standard deviations beyond which a bond or angle is bad (OpenStructure's GetBadBonds/GetBadAngles).
 TOLERANCE_SD = 12.0
@@ -194,7 +196,8 @@ def _build(s) -> StereoTopology:
     prot = info.protein[info.atom_residue]
     el = np.char.upper(s.atoms.element.astype(str))
     radius = np.array([p["radius"].get(e, np.nan) for e in el.tolist()]) if n else np.zeros(0)
-    clash = np.flatnonzero(prot & ~np.isnan(radius))
+    # OXT takes no part in clashes (OpenStructure's Molck removed it before the checks)
+    clash = np.flatnonzero(prot & ~np.isnan(radius) & (info.atom_name != "OXT"))
     sg = (info.atom_name == "SG") & (info.std_resname[info.atom_residue] == "CYS")
     pos = np.full(n, -1, np.int64)
     pos[clash] = np.arange(len(clash))
