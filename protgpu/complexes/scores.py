@@ -35,6 +35,7 @@ from ._contacts import (
     _residue_pairs,
 )
 from .mapping import MAX_NAIVE, ChainMapping, _map, model_structure, protein_chains, reference_structure
+from .stereo import stereo_drop
 
 # qs_score and dockq (one mapped model, one interface) stay importable by name for tests; not public API
 __all__ = ["METRICS", "score_complex"]
@@ -366,57 +367,90 @@ def native_interfaces(ref_s) -> list[tuple[str, str]]:
 
 
 # --------------------------------------------------------------------------------------------------
-# lDDT restricted to inter-chain pairs
+# lDDT restricted to inter-chain pairs, and on stereochecked structures
+
+
+def _subset(ref, pair_keep: np.ndarray, ent_keep: np.ndarray):
+    """``ref`` (an :class:`~protgpu.scoring.lddt.LDDTReference`) with only the pairs ``pair_keep`` (P,)
+    and the symmetry entries ``ent_keep`` (E,) (bool masks); expected counts recomputed."""
+    p = ref.pairs[pair_keep]
+    n_exp = np.bincount(ref.atom_res[p[:, 0]], minlength=ref.n_res) + \
+        np.bincount(ref.atom_res[p[:, 1]], minlength=ref.n_res)
+    return replace(ref, pairs=p, dref=ref.dref[pair_keep], n_exp=n_exp.astype(np.int64),
+                   ent_atom=ref.ent_atom[ent_keep], ent_swap=ref.ent_swap[ent_keep],
+                   ent_partner=ref.ent_partner[ent_keep], ent_dref=ref.ent_dref[ent_keep],
+                   ent_group=ref.ent_group[ent_keep], _device={})
 
 
 def _inter_chain(ref):
     """An :class:`~protgpu.scoring.lddt.LDDTReference` restricted to its inter-chain pairs
-    (OpenStructure's ``no_intrachain``)."""
+    (OpenStructure's ``no_intrachain``), symmetric side chains resolved on those pairs only (as
+    OpenStructure's ``sym_ref_indices_ic``)."""
     chain_of_res = np.asarray([lab.rsplit(":", 1)[0] for lab in ref.labels])
     ach = chain_of_res[ref.atom_res]
-    inter = ach[ref.pairs[:, 0]] != ach[ref.pairs[:, 1]]
-    p = ref.pairs[inter]
-    n_exp = np.bincount(ref.atom_res[p[:, 0]], minlength=ref.n_res) + \
-        np.bincount(ref.atom_res[p[:, 1]], minlength=ref.n_res)
-    return replace(ref, pairs=p, dref=ref.dref[inter], n_exp=n_exp.astype(np.int64), _device={})
+    return _subset(ref, ach[ref.pairs[:, 0]] != ach[ref.pairs[:, 1]], ach[ref.ent_atom] != ach[ref.ent_partner])
 
 
-def lddt_reference_of(ref_s, flavour: str, cache: dict | None = None):
+def _without_atoms(ref, gone: np.ndarray):
+    """``ref`` without the scored atoms ``gone`` (bool (N,), by slot): their pairs and symmetry entries
+    leave the reference (OpenStructure's lDDT on the stereochecked target)."""
+    keep = ~gone
+    return _subset(ref, keep[ref.pairs[:, 0]] & keep[ref.pairs[:, 1]],
+                   keep[ref.ent_atom] & keep[ref.ent_swap] & keep[ref.ent_partner])
+
+
+def lddt_reference_of(ref_s, flavour: str, cache: dict | None = None, drop: np.ndarray | None = None):
     """(LDDTReference, reference ResidueInfo, scored reference atoms) of :func:`protgpu.lddt` (15 A
     inclusion radius) for ``flavour`` "heavy", "ca" or "inter" (heavy atoms, inter-chain pairs only);
     kept in ``cache`` (a :class:`ComplexReference`'s: built once per run, not per batch, and its device
-    copies stay on the GPU between batches)."""
+    copies stay on the GPU between batches). ``drop``: reference atoms (indices into ``ref_s``) the
+    stereochecks removed; their pairs leave the "heavy" and "inter" references (not "ca": backbone lDDT
+    has no stereochecks). The cache belongs to one reference and one ``drop``."""
     from ..scoring.lddt import _structure_reference
 
     cache = {} if cache is None else cache
     if flavour not in cache:
         if flavour == "inter":
-            r, info, atoms = lddt_reference_of(ref_s, "heavy", cache)
+            r, info, atoms = lddt_reference_of(ref_s, "heavy", cache, drop)
             cache[flavour] = (_inter_chain(r), info, atoms)
         else:
-            cache[flavour] = _structure_reference(ref_s, flavour, 15.0)
+            r, info, atoms = _structure_reference(ref_s, flavour, 15.0)
+            if flavour == "heavy" and drop is not None and len(drop):
+                r = _without_atoms(r, np.isin(atoms, drop))
+            cache[flavour] = (r, info, atoms)
     return cache[flavour]
 
 
 def lddt_of(model, ref_s, flavour: str, pairs: np.ndarray, device: str = "cpu", cache: dict | None = None,
-            batches: dict | None = None):
+            drop: np.ndarray | None = None, model_drop: list | None = None, batches: dict | None = None):
     """lDDT (M,) of every frame of ``model`` on the residue ``pairs``: :func:`protgpu.lddt`'s values
     (default thresholds, symmetry resolved) for ``flavour`` "heavy" or "ca", and for "inter" the lDDT
     over the reference's inter-chain pairs only (the interface lDDT); lDDT's NumPy twin (compiled) on
-    the CPU, its CUDA kernel on the GPU (one launch). ``cache`` as :func:`lddt_reference_of`.
-    ``batches``: a dict kept by the caller for one ``model`` and ``pairs``, so that "heavy" and "inter"
-    (the same atoms) gather and upload the models' atoms once."""
+    the CPU, its CUDA kernel on the GPU (one launch). ``cache`` and ``drop`` (the reference's
+    stereochecked atoms) as :func:`lddt_reference_of`. ``model_drop``: for a Structure ``model``, each
+    frame's stereochecked atoms (M arrays of its atom indices, None for none): missing (NaN) in the
+    batch, as an atom the model lacks. ``batches``: a dict kept by the caller for one ``model``,
+    ``pairs`` and ``model_drop``, so that "heavy" and "inter" (the same atoms) gather and upload the
+    models' atoms once."""
     from .._array import dispatch, to_numpy
     from ..scoring import _batch, _fast
     from ..scoring.lddt import lddt_counts_cuda
 
     be = dispatch(model, ref_s, device=device)
-    ref, info, ref_atoms = lddt_reference_of(ref_s, flavour, cache)
+    ref, info, ref_atoms = lddt_reference_of(ref_s, flavour, cache, drop)
     atoms = "ca" if flavour == "ca" else "heavy"
     batch = None if batches is None else batches.get(atoms)
     if batch is None:
         groups, _ = _batch.collect_models(model, ref_s)
         batch = _batch.atom_batch(groups, ref_s, info, ref_atoms, pairs, be, _batch.work_dtype(model, ref_s))
+        if model_drop is not None and any(d is not None and len(d) for d in model_drop):
+            # the model's atoms laid out on the reference slots (the same cached match atom_batch made)
+            matoms, slots = _batch.checked_atom_match(mp.residue_info(model), info, ref_atoms, pairs,
+                                                      source_name(model, "model"), ref_s)
+            gone = [slots[np.isin(matoms, d)] if d is not None and len(d) else slots[:0] for d in model_drop]
+            rows = np.repeat(np.arange(len(gone)), [len(g) for g in gone])
+            if len(rows):  # one scatter for the batch (on the GPU: one transfer of the indices)
+                batch.coords[be.xp.asarray(rows), be.xp.asarray(np.concatenate(gone))] = be.xp.nan
         if batches is not None:
             batches[atoms] = batch
     if be.on_gpu:
@@ -431,7 +465,7 @@ def lddt_of(model, ref_s, flavour: str, pairs: np.ndarray, device: str = "cpu", 
 
 def interface_lddt(model, ref_s, pairs: np.ndarray, device: str = "cpu") -> np.ndarray:
     """lDDT (M,) over the reference's inter-chain atom pairs only (OpenStructure's ``no_intrachain``),
-    of every frame of ``model`` (see :func:`lddt_of`)."""
+    of every frame of ``model`` (see :func:`lddt_of`; no stereochecks)."""
     return lddt_of(model, ref_s, "inter", pairs, device)
 
 
@@ -463,9 +497,12 @@ class ComplexReference:
     tm_mode : str
         How ``tm_score`` is computed (:data:`TM_MODES`); "mapped" here (the batch engine's speed),
         "usalign" in :func:`score_complex`.
+    stereochecks : bool
+        lDDT and the interface lDDT on stereochecked structures (:mod:`.stereo`): the reference's
+        removed atoms (``stereo_drop``) are found here, once.
     """
 
-    def __init__(self, reference, metrics=METRICS, tm_mode: str = "mapped"):
+    def __init__(self, reference, metrics=METRICS, tm_mode: str = "mapped", stereochecks: bool = True):
         self.metrics = tuple(metrics)
         bad = [m for m in self.metrics if m not in METRICS]
         if bad:
@@ -482,6 +519,9 @@ class ComplexReference:
         self.qs = _QSChains(self.structure, rinfo, protein_chains(rinfo)) if want_qs else None
         self._tables: dict = {}  # model atom tables seen (in this process): see _ModelTable
         self._lddt: dict = {}  # lDDT reference pair lists by flavour: see _lddt_reference
+        # stereochecks (lddt, ilddt): the reference's removed atoms; each model's in host_scores
+        self.stereochecks = bool(stereochecks) and ("lddt" in self.metrics or "ilddt" in self.metrics)
+        self.stereo_drop = stereo_drop(self.structure) if self.stereochecks else None
 
     def __getstate__(self):
         # the caches are rebuilt where needed (a parse worker, the compute process): not shipped
@@ -593,8 +633,11 @@ def host_scores(structure, mapping: ChainMapping, ref: ComplexReference, table: 
     ``table``: the model's :class:`_ModelTable` (from :func:`map_model`), whose memo keeps what depends
     on the atom table and mapping only. ``found``: the model's inter-chain atom contacts from its
     design-sanity metrics (``sanity_of(..., found=)``, on the model before its clean-up), which DockQ's
-    contacts reuse where they are the same search (with ``table`` only)."""
+    contacts reuse where they are the same search (with ``table`` only). With the reference's stereochecks
+    also ``stereo_drop``: the model's atoms they remove (:func:`protgpu.complexes.stereo.stereo_drop`)."""
     out: dict = {}
+    if ref.stereochecks:
+        out["stereo_drop"] = stereo_drop(structure, key=table.key if table is not None else None)
     memo = table.memo_of(mapping) if table is not None else {}
     if ref.qs is not None:
         if "qs_chains" not in memo:
@@ -678,10 +721,14 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
         stack = first if len(idx) == 1 else Structure(xs, first.atoms, source=first.source)
         rp = cm.residue_pairs()
         clock("stack_s")
+        # lddt and ilddt on the stereochecked model (its removed atoms missing) and reference; the
+        # heavy-atom batch is gathered and uploaded once for both
+        drops = [host[k].get("stereo_drop") for k in idx] if ref.stereochecks else None
         batches: dict = {}
         for col, flavour in (("lddt", "heavy"), ("bb_lddt", "ca"), ("ilddt", "inter")):
             if col in metrics:
-                table[col][idx] = lddt_of(stack, ref_s, flavour, rp, device, ref._lddt, batches)
+                table[col][idx] = lddt_of(stack, ref_s, flavour, rp, device, ref._lddt, ref.stereo_drop,
+                                          None if flavour == "ca" else drops, batches)
         del batches
         clock("lddt_s")
         if want_tm:
@@ -709,7 +756,7 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
 
 
 def score_complex(models, reference, *, metrics=METRICS, chain_mapping="auto", min_identity: float = 30.0,
-                  device: str = "auto", tm_mode: str = "usalign"):
+                  device: str = "auto", tm_mode: str = "usalign", stereochecks: bool = True):
     """Score model complexes against a reference complex: one row per model.
 
     Parameters
@@ -735,6 +782,10 @@ def score_complex(models, reference, *, metrics=METRICS, chain_mapping="auto", m
         structure, CPU) with the chain mapping fixed to protgpu's ("usalign", OpenStructure's ``oum``) or
         chosen by MM-align ("usalign-auto"); or "mapped": the TMscore program's search on the
         sequence-mapped residues (the GDT/RMSD search; fast, batched, on ``device``).
+    stereochecks : bool
+        As OpenStructure's Scorer (its default): ``lddt`` and ``ilddt`` leave out the atoms of model and
+        reference with stereochemical problems (:mod:`protgpu.complexes.stereo`; missing in the model,
+        their pairs out of the reference); ``bb_lddt`` is computed without them, as OpenStructure's.
 
     Returns
     -------
@@ -759,7 +810,7 @@ def score_complex(models, reference, *, metrics=METRICS, chain_mapping="auto", m
     (0.559, 5.533, [('A', 'B')])
     """
     refuse_grad("pg.score_complex", models, reference)
-    ref = ComplexReference(reference, metrics, tm_mode)
+    ref = ComplexReference(reference, metrics, tm_mode, stereochecks=stereochecks)
     # bare arrays hold the reference's atoms as given: take them before cleaning
     frames = _model_frames(models, ref.raw)
     mapped = [map_model(s, ref, chain_mapping=chain_mapping, min_identity=min_identity) for s, _ in frames]
