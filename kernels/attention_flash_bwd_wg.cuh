@@ -166,7 +166,7 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
     const int grp = lane >> 2, tig = lane & 3;  // accumulator coordinates: row group, thread in group
     const int h = blockIdx.y, b = blockIdx.z;
     const int j0 = blockIdx.x * BWG_KEYS;
-    const int wg = warp >> 2;  // this warp's warpgroup
+    const int wg = BWG_WGS == 1 ? 0 : warp >> 2, wq = BWG_WGS == 1 ? warp : warp & 3;  // warpgroup, warp in it
     const i64 rs = (i64)H * HEAD_DIM;
     const i64 base = (i64)b * L * rs + (i64)h * HEAD_DIM;
     const float* xb = coords + (i64)b * xstride;
@@ -388,7 +388,7 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
                 const int row = 16 * kc + mrow;  // (row & 7) = lane & 7
                 u32 a[4];
                 fa_ldmatrix_x4_trans(a[0], a[2], a[1], a[3],
-                                     dst_a + (u32)(row * 128 + (((2 * (warp & 3) + mcol) ^ (lane & 7)) << 4)));
+                                     dst_a + (u32)(row * 128 + (((2 * wq + mcol) ^ (lane & 7)) << 4)));
 #pragma unroll
                 for (int f = 0; f < NFP; ++f) {
                     const int fp = NFP * wg + f;
@@ -403,8 +403,8 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
         // (after the issue: threads < 64 wait for these global loads while the warpgroups' dQ runs; with two
         // warpgroups the query side of dcoords goes to the second one's first 64 threads)
         if (more) load_xq(i0 + BWG_TILE, par ^ 1);
-        const int qt = tid - 128 * (BWG_WGS - 1);
-        if (qt >= 0 && qt < BWG_TILE && i0 + qt < L) {  // query side of dcoords: -2 gamma sum_j dS_ij (x_i - x_j)
+        const int qt = BWG_WGS == 1 ? tid : tid - 128;
+        if ((BWG_WGS == 1 || qt >= 0) && qt < BWG_TILE && i0 + qt < L) {  // query side of dcoords: -2 gamma sum_j dS_ij (x_i - x_j)
             float sx = 0.f, sy = 0.f, sz = 0.f;
 #pragma unroll
             for (int w = 0; w < BWG_WARPS; ++w) sx += sm.qg[w][0][qt], sy += sm.qg[w][1][qt], sz += sm.qg[w][2][qt];
@@ -443,7 +443,7 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
         // halves, the even one then holds 4 columns of row grp, the odd one 4 of row grp + 8.
         {
             const bool odd = tig & 1;
-            const int qi = i0 + (warp & 3) * 16 + grp + (odd ? 8 : 0);
+            const int qi = i0 + wq * 16 + grp + (odd ? 8 : 0);
             float* dst = dq_acc + base + (i64)qi * rs + 32 * wg + 2 * (tig & ~1);
 #pragma unroll
             for (int n = 0; n < DQN / 4; ++n) {
@@ -496,9 +496,9 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
     if (lane == 0) sm.gred[warp] = gacc;
     __syncthreads();
     if (tid == 0) {
-        float t = 0.f;
+        float t = sm.gred[0];
 #pragma unroll
-        for (int w = 0; w < BWG_WARPS; ++w) t += sm.gred[w];
+        for (int w = 1; w < BWG_WARPS; ++w) t += sm.gred[w];
         if (t != 0.f) atomicAdd(dgamma + h, t);
     }
 }
