@@ -403,8 +403,9 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
         // (after the issue: threads < 64 wait for these global loads while the warpgroups' dQ runs; with two
         // warpgroups the query side of dcoords goes to the second one's first 64 threads)
         if (more) load_xq(i0 + BWG_TILE, par ^ 1);
+        // query side of dcoords: -2 gamma sum_j dS_ij (x_i - x_j)
         const int qt = BWG_WGS == 1 ? tid : tid - 128;
-        if ((BWG_WGS == 1 || qt >= 0) && qt < BWG_TILE && i0 + qt < L) {  // query side of dcoords: -2 gamma sum_j dS_ij (x_i - x_j)
+        if ((BWG_WGS == 1 || qt >= 0) && qt < BWG_TILE && i0 + qt < L) {
             float sx = 0.f, sy = 0.f, sz = 0.f;
 #pragma unroll
             for (int w = 0; w < BWG_WARPS; ++w) sx += sm.qg[w][0][qt], sy += sm.qg[w][1][qt], sz += sm.qg[w][2][qt];
