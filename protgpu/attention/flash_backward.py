@@ -103,6 +103,8 @@ def _opt_in_smem(kernel, nbytes: int, device_id: int) -> None:
 
     attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     h = kernel.handle
+    if not isinstance(h, (driver.CUkernel, driver.CUfunction)):  # (a bare address)
+        h = driver.CUkernel(int(h))
     if isinstance(h, driver.CUkernel):  # (cuda.core loads cubins as libraries)
         err, cudev = driver.cuDeviceGet(device_id)
         if err == driver.CUresult.CUDA_SUCCESS:
