@@ -96,25 +96,6 @@ def bwd_block(cfg: dict, variant: str) -> tuple[int, int, int]:
     return _MMA_TILE, _THREADS, 0
 
 
-def _opt_in_smem(kernel, nbytes: int, device_id: int) -> None:
-    """Let ``kernel`` (a cuda.core Kernel) launch with ``nbytes`` of dynamic shared memory on device
-    ``device_id``: above 48 KB the driver wants the maximum set first."""
-    from cuda.bindings import driver
-
-    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    h = kernel.handle
-    if not isinstance(h, (driver.CUkernel, driver.CUfunction)):  # (a bare address)
-        h = driver.CUkernel(int(h))
-    if isinstance(h, driver.CUkernel):  # (cuda.core loads cubins as libraries)
-        err, cudev = driver.cuDeviceGet(device_id)
-        if err == driver.CUresult.CUDA_SUCCESS:
-            (err,) = driver.cuKernelSetAttribute(attr, nbytes, h, cudev)
-    else:
-        (err,) = driver.cuFuncSetAttribute(h, attr, nbytes)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cannot give the attention backward {nbytes} bytes of shared memory: {err}")
-
-
 def bwd_variant(cfg: dict) -> str:
     """Which backward kernel runs under ``cfg`` (:func:`bwd_config`) on the current device: ``"simt"``
     (``flash_bwd_*``), ``"mma"`` (``flash_bwd_mma_*``) or ``"wg"`` (``flash_bwd_wg_*``: ``BW_MMA = 2`` on
@@ -443,9 +424,7 @@ def flash_backward(q, k, v, coords, gamma, cutoff, mask, scale, out, lse, dout) 
         variant = bwd_variant(cfg)
         prefix = {"simt": "", "mma": "mma_", "wg": "wg_"}[variant]
         hb = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_{prefix}{sfx}", cfg, arch_specific=variant == "wg")
-        bn, threads, smem = bwd_block(cfg, variant)
-        if smem:
-            _opt_in_smem(hb.kernel, smem, dev)
+        bn, threads, smem = bwd_block(cfg, variant)  # (build_plan opts in to smem above 48 KB)
         plans = [
             _cuda.build_plan(hd, (_elementwise_grid(rows),), (_ELEMENTWISE_THREADS,),
                              (np.int32(L), np.int32(H), np.int64(rows))),
