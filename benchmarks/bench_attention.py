@@ -350,7 +350,8 @@ def train_rows(qt, kt, vt, xt, gamma, add, both, res, extra):
 
 def backward_kernel_rows(qg, kg, vg, xg, gp, dout, ours_fb, add, path) -> dict:
     """For each tensor-core backward kernel (BW_MMA = 1 mma.sync, 2 wgmma, and 2 with BWG_DQ_MMA = 1: dQ
-    on mma.sync, or BWG_DQ_BULK = 1: dQ added by bulk reductions): fwd+bwd as ``ours_fb`` (x20) and the
+    on mma.sync, or BWG_DQ_BULK = 1: dQ added by bulk reductions; BWG_KEYS = 128: blocks of 128 keys as two
+    warpgroups, with dQ on wgmma or mma.sync): fwd+bwd as ``ours_fb`` (x20) and the
     backward alone on the forward's out and lse (x20, TFLOP/s of its five products). Returns
     ``{"<knobs> (<variant>)": {"fwdbwd_ms", "backward_ms", "backward_tflops"}}``; restores the knobs."""
     from protgpu.attention import flash_backward as fbk
@@ -363,7 +364,8 @@ def backward_kernel_rows(qg, kg, vg, xg, gp, dout, ours_fb, add, path) -> dict:
     found = {}
     try:
         for knobs in ({"BW_MMA": 1}, {"BW_MMA": 2}, {"BW_MMA": 2, "BWG_DQ_MMA": 1},
-                      {"BW_MMA": 2, "BWG_DQ_BULK": 1}):
+                      {"BW_MMA": 2, "BWG_DQ_BULK": 1}, {"BW_MMA": 2, "BWG_KEYS": 128},
+                      {"BW_MMA": 2, "BWG_KEYS": 128, "BWG_DQ_MMA": 1}):
             fbk.BWD_OVERRIDES.clear()
             fbk.BWD_OVERRIDES.update(saved, **knobs)
             variant = fbk.bwd_variant(fbk.bwd_config("bfloat16", d))

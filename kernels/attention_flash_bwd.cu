@@ -392,6 +392,11 @@ __device__ __forceinline__ void bw_backward(const typename Bw<KIND>::S* q, const
 #define BWM_ENABLED 0
 #endif
 // ---- the backward on warpgroup MMA: attention_flash_bwd_wg.cuh (sm_90a, 16-bit, HEAD_DIM = 64)
+#ifndef BWG_KEYS  // keys per block: 64 (one warpgroup, 2 blocks an SM) or 128 (two warpgroups, 1 block an SM)
+#define BWG_KEYS 64
+#endif
+#define BWG_THREADS (2 * BWG_KEYS)
+#define BWG_MIN_BLOCKS (128 / BWG_KEYS)
 #if BWM_ENABLED && HEAD_DIM == 64 && FA_HAS_WGMMA
 #define BWG_ENABLED 1
 #include "attention_flash_bwd_wg.cuh"
@@ -521,23 +526,23 @@ extern "C" __global__ __launch_bounds__(BWM_THREADS, 2) void flash_bwd_mma_f16(
 }
 
 // The wgmma entry points: bodies for sm_90a only (the host launches them on compute capability 9.0).
-extern "C" __global__ __launch_bounds__(BWM_THREADS, 2) void flash_bwd_wg_bf16(
+extern "C" __global__ __launch_bounds__(BWG_THREADS, BWG_MIN_BLOCKS) void flash_bwd_wg_bf16(
     const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* coords, const float* gamma,
     const unsigned char* mask, const __nv_bfloat16* dout, const float* lse, const float* delta, float* dq_acc,
     __nv_bfloat16* dk, __nv_bfloat16* dv, float* dcoords, float* dgamma, int L, int H, int xstride, int mstride,
     float scale, float cutoff2) {
 #if BWG_ENABLED && BW_KIND == BW_BF16
-    __shared__ __align__(128) unsigned char raw[BWG_SMEM_BYTES];
+    BWG_SMEM_DECL;
     bwg_backward<true>(raw, q, k, v, coords, gamma, mask, dout, lse, delta, dq_acc, dk, dv, dcoords, dgamma, L, H,
                        xstride, mstride, scale, cutoff2);
 #endif
 }
-extern "C" __global__ __launch_bounds__(BWM_THREADS, 2) void flash_bwd_wg_f16(
+extern "C" __global__ __launch_bounds__(BWG_THREADS, BWG_MIN_BLOCKS) void flash_bwd_wg_f16(
     const __half* q, const __half* k, const __half* v, const float* coords, const float* gamma,
     const unsigned char* mask, const __half* dout, const float* lse, const float* delta, float* dq_acc, __half* dk,
     __half* dv, float* dcoords, float* dgamma, int L, int H, int xstride, int mstride, float scale, float cutoff2) {
 #if BWG_ENABLED && BW_KIND == BW_F16
-    __shared__ __align__(128) unsigned char raw[BWG_SMEM_BYTES];
+    BWG_SMEM_DECL;
     bwg_backward<false>(raw, q, k, v, coords, gamma, mask, dout, lse, delta, dq_acc, dk, dv, dcoords, dgamma, L, H,
                         xstride, mstride, scale, cutoff2);
 #endif

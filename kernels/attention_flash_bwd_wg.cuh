@@ -24,12 +24,29 @@
 // Two block barriers per tile (one above, one at the top for the cp.async data), as the mma.sync kernel,
 // but the shared-memory operands are read once per warpgroup instead of once per warp (ldmatrix).
 // Numerics as flash_bwd_mma_*: dS rounded to 16-bit for dK and dQ, float32 for dcoords and dgamma.
-#define BWG_TILE 64  // keys per block and query rows per tile
+// BWG_KEYS = 128 (a knob; 64 is the default above): two such warpgroups per block (8 warps, 256 threads,
+// warp w: keys 16 w ..), each doing 1. and 2. for its own 64 keys exactly as above, with the query tile's
+// Q, dO, coordinates, lse and Dlt loaded once for both (half the Q / dO traffic a key); dS^T of all 128
+// keys goes to shared memory, and 3. runs once for the block: dQ (64 queries x 64 d) = dS (64 x 128 keys)
+// K (128 x 64), split between the warpgroups by output columns (m64n32k16, k-steps over 128 keys,
+// warpgroup g: columns 32 g ..), so each query row's dQ gets half the red.global operations a key. One
+// block per SM (256 threads at up to 255 registers); its ~58 KB of shared memory is dynamic (opt-in
+// above 48 KB, BWG_DYN_SMEM bytes requested by the host).
+#define BWG_TILE 64  // query rows per tile; keys per warpgroup
+#define BWG_WGS (BWG_KEYS / 64)  // warpgroups per block (BWG_KEYS, BWG_THREADS: attention_flash_bwd.cu)
+#define BWG_WARPS (4 * BWG_WGS)
+#define BWG_DYN_SMEM (60 * 1024)  // dynamic shared memory of the 128-key variant (flash_backward._WG128_SMEM)
+#if BWG_KEYS != 64 && BWG_KEYS != 128
+#error "BWG_KEYS is 64 or 128"
+#endif
 #ifndef BWG_DQ_MMA     // 1: dQ = dS K on mma.sync + ldmatrix from the same shared-memory tiles (a fallback,
 #define BWG_DQ_MMA 0   // should the transposed shared-memory A operand of wgmma misbehave)
 #endif
 #ifndef BWG_DQ_BULK    // 1: dQ added by bulk reductions of 256-byte rows staged in shared memory (cp.reduce.
 #define BWG_DQ_BULK 0  // async.bulk, as FlashAttention-3) instead of red.global.v4: 16x fewer operations
+#endif
+#if BWG_DQ_BULK && BWG_KEYS != 64
+#error "BWG_DQ_BULK takes BWG_KEYS = 64"
 #endif
 #define BWG_DQS_LD 72  // staged dQ rows: 64 floats + 8 (float2 stores of 16 lanes hit 32 banks)
 
@@ -46,6 +63,24 @@ __device__ __forceinline__ void bwg_wgmma_ss_tt(float* d, unsigned long long a_d
     if (F16) BWG_SS("f16.f16");
     else BWG_SS("bf16.bf16");
 #undef BWG_SS
+}
+
+#define FA_WG_D16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define FA_WG_D16_OPERANDS                                                                                      \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+// The same on m64n32k16 (d: the warp's 16 x 32, four m16n8 tiles): BWG_KEYS = 128's half of dQ.
+template <bool F16>
+__device__ __forceinline__ void bwg_wgmma_ss_tt32(float* d, unsigned long long a_desc, unsigned long long b_desc,
+                                                  int accumulate) {
+#define BWG_SS32(TYPES)                                                                                          \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                    \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPES " " FA_WG_D16 ", %16, %17, p, 1, 1, 1, 1;\n}\n" \
+                 : FA_WG_D16_OPERANDS                                                                            \
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate))
+    if (F16) BWG_SS32("f16.f16");
+    else BWG_SS32("bf16.bf16");
+#undef BWG_SS32
 }
 
 // Orders this thread's generic-proxy shared-memory writes (st.shared, cp.async) before later reads by
@@ -85,21 +120,27 @@ __device__ __forceinline__ void bwg_halve(const float* v, float* w, bool hi, int
     }
 }
 
-// 64 x 64 16-bit tiles, 128-byte rows, 16-byte chunk c of row r at chunk c ^ (r & 7); each 1024-byte aligned.
+// 16-bit tiles of 64 (ks, dst: BWG_KEYS) rows, 128-byte rows, 16-byte chunk c of row r at chunk c ^ (r & 7);
+// each 1024-byte aligned.
 struct __align__(16) BwgSmem {
     unsigned short qs[BWG_TILE * 64];
     unsigned short dos[BWG_TILE * 64];
-    unsigned short ks[BWG_TILE * 64];
-    unsigned short dst[BWG_TILE * 64];  // dS^T, keys as rows
+    unsigned short ks[BWG_KEYS * 64];
+    unsigned short dst[BWG_KEYS * 64];  // dS^T, keys as rows
     float4 xq[2][BWG_TILE];             // per parity of the query tile: x, y, z, lse log2(e) (-inf past the end)
     float dl[2][BWG_TILE];              // Dlt
-    float qg[4][3][BWG_TILE];           // per warp: sum over its 16 keys of dS_ij (x_i - x_j), per query
-    float gred[4];
+    float qg[BWG_WARPS][3][BWG_TILE];   // per warp: sum over its 16 keys of dS_ij (x_i - x_j), per query
+    float gred[BWG_WARPS];
 #if BWG_DQ_BULK
     float dqs[4][8 * BWG_DQS_LD];  // per warp: 8 rows of dQ staged for the bulk reductions
 #endif
 };
 #define BWG_SMEM_BYTES (sizeof(BwgSmem) + 1024)
+#if BWG_KEYS == 64
+#define BWG_SMEM_DECL __shared__ __align__(128) unsigned char raw[BWG_SMEM_BYTES]
+#else
+#define BWG_SMEM_DECL extern __shared__ __align__(128) unsigned char raw[]
+#endif
 
 template <bool BF16>
 __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned short* __restrict__ q,
@@ -112,11 +153,20 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
                                              float* __restrict__ dcoords, float* __restrict__ dgamma, int L, int H,
                                              int xstride, int mstride, float scale, float cutoff2) {
     static_assert(HEAD_DIM == 64, "the wgmma backward takes 128-byte rows");
+    static_assert(BWG_KEYS == 64 || BWG_SMEM_BYTES <= BWG_DYN_SMEM, "raise BWG_DYN_SMEM and _WG128_SMEM");
+#if BWG_KEYS != 64
+    {  // the host's dynamic shared memory must hold the tiles (a wrong launch fails loudly, not silently)
+        unsigned dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < BWG_SMEM_BYTES) __trap();
+    }
+#endif
     BwgSmem& sm = *reinterpret_cast<BwgSmem*>(raw + ((1024u - (fa_smem_addr(raw) & 1023u)) & 1023u));
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int grp = lane >> 2, tig = lane & 3;  // accumulator coordinates: row group, thread in group
     const int h = blockIdx.y, b = blockIdx.z;
-    const int j0 = blockIdx.x * BWG_TILE;
+    const int j0 = blockIdx.x * BWG_KEYS;
+    const int wg = BWG_WGS == 1 ? 0 : warp >> 2, wq = BWG_WGS == 1 ? warp : warp & 3;  // warpgroup, warp in it
     const i64 rs = (i64)H * HEAD_DIM;
     const i64 base = (i64)b * L * rs + (i64)h * HEAD_DIM;
     const float* xb = coords + (i64)b * xstride;
@@ -155,25 +205,27 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
         kz[hh] = kok[hh] ? xb[3 * kj + 2] : 0.f;
     }
 
-    // Copies: thread tid moves 16-byte chunk tid % 8 of rows tid / 8 + 16 p (one swizzle phase per thread).
+    // Copies: thread tid moves 16-byte chunk tid % 8 of rows tid / 8 + 16 BWG_WGS p (one swizzle phase per
+    // thread).
     const int lr = tid >> 3, lc = tid & 7;
+    constexpr u32 PSTEP = 2048u * BWG_WGS;  // bytes between a thread's rows
     const u32 soff = (u32)(lr * 128 + ((lc ^ (lr & 7)) << 4));
     const u32 qs_a = fa_smem_addr(sm.qs), dos_a = fa_smem_addr(sm.dos);
     const u32 ks_a = fa_smem_addr(sm.ks), dst_a = fa_smem_addr(sm.dst);
 #pragma unroll
-    for (int p = 0; p < 4; ++p) {
-        const int r = lr + 16 * p;
+    for (int p = 0; p < 4; ++p) {  // (BWG_KEYS rows)
+        const int r = lr + 16 * BWG_WGS * p;
         const bool in = j0 + r < L;  // rows past the end: zeros, from a valid address
-        fa_cp_async16(ks_a + soff + (u32)(p * 2048), k + base + (in ? (i64)(j0 + r) * rs : 0) + lc * 8, in ? 16 : 0);
+        fa_cp_async16(ks_a + soff + p * PSTEP, k + base + (in ? (i64)(j0 + r) * rs : 0) + lc * 8, in ? 16 : 0);
     }
     auto load_q = [&](int i0) {  // Q, dO of the query tile at i0 (cp.async)
 #pragma unroll
-        for (int p = 0; p < 4; ++p) {
-            const int r = lr + 16 * p;
+        for (int p = 0; p < 4 / BWG_WGS; ++p) {
+            const int r = lr + 16 * BWG_WGS * p;
             const bool in = i0 + r < L;
             const i64 off = base + (in ? (i64)(i0 + r) * rs : 0) + lc * 8;
-            fa_cp_async16(qs_a + soff + (u32)(p * 2048), q + off, in ? 16 : 0);
-            fa_cp_async16(dos_a + soff + (u32)(p * 2048), dout + off, in ? 16 : 0);
+            fa_cp_async16(qs_a + soff + p * PSTEP, q + off, in ? 16 : 0);
+            fa_cp_async16(dos_a + soff + p * PSTEP, dout + off, in ? 16 : 0);
         }
         fa_cp_async_commit();
     };
@@ -303,52 +355,68 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
         const bool more = i0 + BWG_TILE < L;
         if (more) load_q(i0 + BWG_TILE);  // (overlaps 3.)
 
-        // ---- 3. dQ = dS K for the 64 queries (warp w: queries 16 w ..), k-steps of 16 keys = 16 rows of both
-        float dqa[32];
+        // ---- 3. dQ = dS K for the 64 queries (warp w: queries 16 (w & 3) ..; warpgroup g: columns
+        // 64 g / BWG_WGS ..), k-steps of 16 keys = 16 rows of both
+        constexpr int DQN = 32 / BWG_WGS;  // accumulator registers: 8 / BWG_WGS m16n8 tiles
+        float dqa[DQN];
         if (!BWG_DQ_MMA) {
-            fa_reg_fence<32>(dqa);
+            fa_reg_fence<DQN>(dqa);
             fa_wg_fence();
 #pragma unroll
-            for (int kc = 0; kc < 4; ++kc)
-                bwg_wgmma_ss_tt<!BF16>(dqa, fa_wg_desc(dst_a + 2048 * kc, 8 * 1024, 8 * 128, FA_SWIZZLE_128B),
-                                       fa_wg_desc(ks_a + 2048 * kc, 8 * 1024, 8 * 128, FA_SWIZZLE_128B), kc > 0);
+            for (int kc = 0; kc < BWG_KEYS / 16; ++kc) {
+                const unsigned long long ad = fa_wg_desc(dst_a + 2048 * kc, 8 * 1024, 8 * 128, FA_SWIZZLE_128B);
+#if BWG_KEYS == 64
+                bwg_wgmma_ss_tt<!BF16>(dqa, ad, fa_wg_desc(ks_a + 2048 * kc, 8 * 1024, 8 * 128, FA_SWIZZLE_128B),
+                                       kc > 0);
+#else
+                // B: the warpgroup's 32 columns of K, 64 bytes into each swizzled row (the swizzle applies
+                // to the address, as the K-major k-steps' 32-byte advance relies on)
+                bwg_wgmma_ss_tt32<!BF16>(
+                    dqa, ad, fa_wg_desc(ks_a + 2048 * kc + 64 * wg, 8 * 1024, 8 * 128, FA_SWIZZLE_128B), kc > 0);
+#endif
+            }
             fa_wg_commit();
         } else {
             // BWG_DQ_MMA: the same product on mma.sync, operands by ldmatrix.trans from the swizzled tiles
             // (matrix m = lane / 8 of an x4: rows + 8 (m & 1), columns + 8 (m >> 1) of A^T = dS^T, B = K).
 #pragma unroll
-            for (int e = 0; e < 32; ++e) dqa[e] = 0.f;
+            for (int e = 0; e < DQN; ++e) dqa[e] = 0.f;
             const int mrow = ((lane >> 3) & 1) * 8 + (lane & 7), mcol = (lane >> 4) & 1;
+            constexpr int NFP = 4 / BWG_WGS;  // pairs of 8-column tiles a warp
 #pragma unroll
-            for (int kc = 0; kc < 4; ++kc) {
+            for (int kc = 0; kc < BWG_KEYS / 16; ++kc) {
                 const int row = 16 * kc + mrow;  // (row & 7) = lane & 7
                 u32 a[4];
                 fa_ldmatrix_x4_trans(a[0], a[2], a[1], a[3],
-                                     dst_a + (u32)(row * 128 + (((2 * warp + mcol) ^ (lane & 7)) << 4)));
+                                     dst_a + (u32)(row * 128 + (((2 * wq + mcol) ^ (lane & 7)) << 4)));
 #pragma unroll
-                for (int fp = 0; fp < 4; ++fp) {
+                for (int f = 0; f < NFP; ++f) {
+                    const int fp = NFP * wg + f;
                     u32 b00, b01, b10, b11;
                     fa_ldmatrix_x4_trans(b00, b01, b10, b11,
                                          ks_a + (u32)(row * 128 + (((2 * fp + mcol) ^ (lane & 7)) << 4)));
-                    fa_mma<BF16>(&dqa[8 * fp], a, b00, b01);
-                    fa_mma<BF16>(&dqa[8 * fp + 4], a, b10, b11);
+                    fa_mma<BF16>(&dqa[8 * f], a, b00, b01);
+                    fa_mma<BF16>(&dqa[8 * f + 4], a, b10, b11);
                 }
             }
         }
-        // (after the issue: threads < 64 wait for these global loads while the warpgroup's dQ runs)
+        // (after the issue: threads < 64 wait for these global loads while the warpgroups' dQ runs; with two
+        // warpgroups the query side of dcoords goes to the second one's first 64 threads)
         if (more) load_xq(i0 + BWG_TILE, par ^ 1);
-        if (tid < BWG_TILE && i0 + tid < L) {  // query side of dcoords: -2 gamma sum_j dS_ij (x_i - x_j)
+        // query side of dcoords: -2 gamma sum_j dS_ij (x_i - x_j)
+        const int qt = BWG_WGS == 1 ? tid : tid - 128;
+        if ((BWG_WGS == 1 || qt >= 0) && qt < BWG_TILE && i0 + qt < L) {
             float sx = 0.f, sy = 0.f, sz = 0.f;
 #pragma unroll
-            for (int w = 0; w < 4; ++w) sx += sm.qg[w][0][tid], sy += sm.qg[w][1][tid], sz += sm.qg[w][2][tid];
-            float* d = dxb + 3 * (i64)(i0 + tid);
+            for (int w = 0; w < BWG_WARPS; ++w) sx += sm.qg[w][0][qt], sy += sm.qg[w][1][qt], sz += sm.qg[w][2][qt];
+            float* d = dxb + 3 * (i64)(i0 + qt);
             if (sx != 0.f) atomicAdd(d, -2.f * g * sx);
             if (sy != 0.f) atomicAdd(d + 1, -2.f * g * sy);
             if (sz != 0.f) atomicAdd(d + 2, -2.f * g * sz);
         }
         if (!BWG_DQ_MMA) {
             fa_wg_wait<0>();
-            fa_reg_fence<32>(dqa);
+            fa_reg_fence<DQN>(dqa);
         }
 #if BWG_DQ_BULK
         {
@@ -376,10 +444,10 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
         // halves, the even one then holds 4 columns of row grp, the odd one 4 of row grp + 8.
         {
             const bool odd = tig & 1;
-            const int qi = i0 + warp * 16 + grp + (odd ? 8 : 0);
-            float* dst = dq_acc + base + (i64)qi * rs + 2 * (tig & ~1);
+            const int qi = i0 + wq * 16 + grp + (odd ? 8 : 0);
+            float* dst = dq_acc + base + (i64)qi * rs + 32 * wg + 2 * (tig & ~1);
 #pragma unroll
-            for (int n = 0; n < 8; ++n) {
+            for (int n = 0; n < DQN / 4; ++n) {
                 const float a0 = dqa[4 * n], a1 = dqa[4 * n + 1], b0 = dqa[4 * n + 2], b1 = dqa[4 * n + 3];
                 const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
                 const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
@@ -429,7 +497,9 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
     if (lane == 0) sm.gred[warp] = gacc;
     __syncthreads();
     if (tid == 0) {
-        const float t = sm.gred[0] + sm.gred[1] + sm.gred[2] + sm.gred[3];
+        float t = sm.gred[0];
+#pragma unroll
+        for (int w = 1; w < BWG_WARPS; ++w) t += sm.gred[w];
         if (t != 0.f) atomicAdd(dgamma + h, t);
     }
 }

@@ -68,6 +68,8 @@ SECTIONS = {
     "attention_bwd": _from_test_module("test_flash_backward_gpu", "check_flash_backward_for_sanitizer", "attention"),
     "attention_bwd_wg": _from_test_module("test_flash_backward_gpu", "check_flash_backward_wg_for_sanitizer",
                                           "attention"),
+    "attention_bwd_wg128": _from_test_module("test_flash_backward_gpu", "check_flash_backward_wg128_for_sanitizer",
+                                             "attention"),
     "tmalign": _from_test_module("test_tmalign_gpu", "check_tmalign_for_sanitizer", "align"),
     "qcp_backward": _from_test_module("test_qcp_backward_gpu", "check_qcp_backward_for_sanitizer", "superpose"),
 }

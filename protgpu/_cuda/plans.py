@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from .loader import KernelHandle
 
 _configs: dict = {}
+# Dynamic shared memory a launch gets without opting in; above it build_plan raises the kernel's maximum.
+DEFAULT_DYNAMIC_SMEM = 48 * 1024
 
 
 def launch_config(grid, block, shared_mem: int = 0):
@@ -85,6 +87,31 @@ class LaunchPlan:
         self._launch(core_stream(stream, device_id), self.config, self.kernel, *pointers, *self.tail)
 
 
+def opt_in_shared_memory(kernel, nbytes: int, device_id: int) -> None:
+    """Let ``kernel`` (a cuda.core Kernel) launch with ``nbytes`` of dynamic shared memory on device
+    ``device_id``: above ``DEFAULT_DYNAMIC_SMEM`` the driver wants the kernel's maximum set first.
+
+    Raises
+    ------
+    RuntimeError
+        When the driver refuses (more than the device's opt-in maximum).
+    """
+    from cuda.bindings import driver
+
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    h = kernel.handle
+    if not isinstance(h, (driver.CUkernel, driver.CUfunction)):  # (a bare address)
+        h = driver.CUkernel(int(h))
+    if isinstance(h, driver.CUkernel):  # (cuda.core loads cubins as libraries)
+        err, cudev = driver.cuDeviceGet(device_id)
+        if err == driver.CUresult.CUDA_SUCCESS:
+            (err,) = driver.cuKernelSetAttribute(attr, int(nbytes), h, cudev)
+    else:
+        (err,) = driver.cuFuncSetAttribute(h, attr, int(nbytes))
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"the driver refuses {nbytes} bytes of dynamic shared memory: {err}")
+
+
 def build_plan(handle: KernelHandle, grid, block, tail: tuple = (), *, shared_mem: int = 0) -> LaunchPlan:
     """A :class:`LaunchPlan` for ``handle`` (from :func:`protgpu._cuda.get_kernel`).
 
@@ -96,7 +123,8 @@ def build_plan(handle: KernelHandle, grid, block, tail: tuple = (), *, shared_me
         The values of the entry point's last ``len(tail)`` parameters, which must be scalars: checked
         and converted here, as :func:`protgpu._cuda.launch` would.
     shared_mem : int
-        Dynamic shared memory in bytes.
+        Dynamic shared memory in bytes; above ``DEFAULT_DYNAMIC_SMEM``, the kernel is opted in to it on
+        the current device (:func:`opt_in_shared_memory`), the one the handle was loaded for.
 
     Raises
     ------
@@ -113,4 +141,8 @@ def build_plan(handle: KernelHandle, grid, block, tail: tuple = (), *, shared_me
     if any(p.pointer for p in scalars):
         raise TypeError(f"{handle.name}: a plan's tail holds scalars only, not {[p.name for p in scalars]}")
     converted = tuple(_convert_arg(handle, p, v) for p, v in zip(scalars, tail, strict=True))
+    if shared_mem > DEFAULT_DYNAMIC_SMEM:
+        from .streams import current_device
+
+        opt_in_shared_memory(handle.kernel, shared_mem, current_device().device_id)
     return LaunchPlan(handle.kernel, launch_config(grid, block, shared_mem), converted, n_pointers, handle.name)

@@ -16,8 +16,8 @@ The formulas are those of :func:`protgpu.attention.reference.attention_backward_
 specification; ``docs/design/flash-attention.md`` explains the kernels. Arithmetic (and ``lse``,
 ``dcoords``, ``dgamma``) is float32, float64 for float64 inputs.
 
-Internal API (tests, benchmarks): the functions above, :func:`bwd_config`, :func:`bwd_variant` and
-``BWD_OVERRIDES`` (knobs of the backward that override :func:`bwd_config`).
+Internal API (tests, benchmarks): the functions above, :func:`bwd_config`, :func:`bwd_variant`,
+:func:`bwd_block` and ``BWD_OVERRIDES`` (knobs of the backward that override :func:`bwd_config`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ MMA_MAX_HEAD_DIM = 64
 _MMA_TILE = 64  # BWM_BN: keys per block of flash_bwd_mma_* (and BWG_TILE of flash_bwd_wg_*)
 # flash_bwd_wg_* reads 128-byte rows of Q, dO, K in the 128-byte swizzle: d = 64 only.
 WG_HEAD_DIM = 64
+# Dynamic shared memory of flash_bwd_wg_* with BWG_KEYS=128 (BWG_DYN_SMEM of attention_flash_bwd_wg.cuh,
+# which checks that its tiles fit): above the 48 KB a launch gets without opting in.
+_WG128_SMEM = 60 * 1024
 # Tile knobs of attention_flash_bwd.cu (BW_BM, BW_BN) that override bwd_config.
 BWD_OVERRIDES: dict = {}
 _SUFFIX = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64"}
@@ -67,8 +70,9 @@ def bwd_config(precision: str, d: int) -> dict:
     8 whose shared memory fits 48 KB. ``BWD_OVERRIDES`` replaces any knob: ``BW_MMA=0`` forces the
     CUDA-core kernel, ``BW_MMA=1`` the mma.sync one (``BW_MMA=2`` is lowered to 1 where the wgmma kernel
     does not apply); with the wgmma kernel ``BWG_DQ_MMA=1`` computes its dQ product on mma.sync instead
-    of wgmma, and ``BWG_DQ_BULK=1`` adds its dQ by bulk reductions of staged rows instead of
-    ``red.global``."""
+    of wgmma, ``BWG_DQ_BULK=1`` adds its dQ by bulk reductions of staged rows instead of
+    ``red.global``, and ``BWG_KEYS=128`` runs blocks of 128 keys as two warpgroups sharing each query
+    tile (256 threads, dQ once per 128 keys; not with ``BWG_DQ_BULK``; default 64)."""
     itemsize = 8 if precision == "float64" else 4
     tile = next((t for t in (32, 16, 8) if bwd_smem_bytes(d, t, t, itemsize) <= _STATIC_SMEM), None)
     if tile is None:
@@ -80,6 +84,16 @@ def bwd_config(precision: str, d: int) -> dict:
     cfg["BW_MMA"] = 0 if not (mma and want) else (2 if want >= 2 and d == WG_HEAD_DIM else 1)
     cfg.update({"HEAD_DIM": d, "BW_KIND": _KIND[precision]})
     return cfg
+
+
+def bwd_block(cfg: dict, variant: str) -> tuple[int, int, int]:
+    """``(keys, threads, dynamic shared memory in bytes)`` of one block of the backward kernel that
+    ``variant`` (:func:`bwd_variant`) names under ``cfg``."""
+    if variant == "simt":
+        return int(cfg["BW_BN"]), _THREADS, 0
+    if variant == "wg" and int(cfg.get("BWG_KEYS", _MMA_TILE)) == 2 * _MMA_TILE:
+        return 2 * _MMA_TILE, 2 * _THREADS, _WG128_SMEM
+    return _MMA_TILE, _THREADS, 0
 
 
 def bwd_variant(cfg: dict) -> str:
@@ -410,13 +424,13 @@ def flash_backward(q, k, v, coords, gamma, cutoff, mask, scale, out, lse, dout) 
         variant = bwd_variant(cfg)
         prefix = {"simt": "", "mma": "mma_", "wg": "wg_"}[variant]
         hb = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_{prefix}{sfx}", cfg, arch_specific=variant == "wg")
-        bn = int(cfg["BW_BN"]) if variant == "simt" else _MMA_TILE
+        bn, threads, smem = bwd_block(cfg, variant)  # (build_plan opts in to smem above 48 KB)
         plans = [
             _cuda.build_plan(hd, (_elementwise_grid(rows),), (_ELEMENTWISE_THREADS,),
                              (np.int32(L), np.int32(H), np.int64(rows))),
-            _cuda.build_plan(hb, ((L + bn - 1) // bn, H, B), (_THREADS,),
+            _cuda.build_plan(hb, ((L + bn - 1) // bn, H, B), (threads,),
                              (np.int32(L), np.int32(H), np.int32(xstride), np.int32(mstride), st(scale_f),
-                              st(cutoff2))),
+                              st(cutoff2)), shared_mem=smem),
         ]
         if sixteen:
             hq = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_dq_{sfx}", cfg)

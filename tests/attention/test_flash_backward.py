@@ -69,7 +69,8 @@ def test_wgmma_backward_compiles_with_body_on_sm90a_only(precision, d, arch, mon
     assert sizes[f"flash_bwd_wg_{other}"] <= 256
 
 
-@pytest.mark.parametrize("knobs", [{"BWG_DQ_MMA": 1}, {"BWG_DQ_BULK": 1}])
+@pytest.mark.parametrize("knobs", [{"BWG_DQ_MMA": 1}, {"BWG_DQ_BULK": 1}, {"BWG_KEYS": 128},
+                                   {"BWG_KEYS": 128, "BWG_DQ_MMA": 1}])
 def test_wgmma_backward_dq_knobs_compile(knobs, monkeypatch):
     """The wgmma kernel's dQ alternatives compile for sm_90a with a body (BWG_DQ_BULK's staging keeps the
     static shared memory within 48 KB, else ptxas fails)."""
@@ -80,6 +81,29 @@ def test_wgmma_backward_dq_knobs_compile(knobs, monkeypatch):
     sizes = text_sizes(bytes(compile_cubin("attention_flash_bwd", "sm_90a", fb.bwd_config("bfloat16", 64),
                                            cache=False).code))
     assert sizes["flash_bwd_wg_bf16"] > 4096
+
+
+def test_wgmma_backward_128_keys_fits_one_block_an_sm(monkeypatch):
+    """BWG_KEYS=128: 256 threads at most 255 registers with no spills (ptxas's report through NVRTC), and
+    the mma.sync kernel beside it still compiles for sm_80 (the fallback off compute capability 9.0)."""
+    pytest.importorskip("cuda.core")
+    import io
+    import re
+
+    from cuda.core import Program, ProgramOptions
+
+    from protgpu._cuda.loader import PROGRAM_OPTIONS, build_source, compile_cubin
+
+    monkeypatch.setattr(fb, "BWD_OVERRIDES", {"BW_MMA": 2, "BWG_KEYS": 128})
+    cfg = fb.bwd_config("bfloat16", 64)
+    log = io.StringIO()
+    opts = ProgramOptions(arch="sm_90a", ptxas_options=["-v"], **PROGRAM_OPTIONS)
+    Program(build_source("attention_flash_bwd", cfg), code_type="c++", options=opts).compile("cubin", logs=log)
+    report = log.getvalue().split("Function properties for flash_bwd_wg_bf16", 1)[1].splitlines()[1:3]
+    assert "0 bytes spill stores, 0 bytes spill loads" in report[0], report
+    assert int(re.search(r"Used (\d+) registers", report[1]).group(1)) <= 255, report
+    sizes = text_sizes(bytes(compile_cubin("attention_flash_bwd", "sm_80", cfg, cache=False).code))
+    assert sizes["flash_bwd_mma_bf16"] > 512 and sizes["flash_bwd_wg_bf16"] <= 256
 
 
 def test_bw_mma_knob(monkeypatch):

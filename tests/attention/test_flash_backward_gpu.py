@@ -175,10 +175,13 @@ def test_tile_shape_changes_only_rounding(gpu, dtype, tiles, monkeypatch):
 # The tensor-core backward kernels (bwd_config's BW_MMA): mma.sync and wgmma (sm_90a, d = 64, the default there;
 # elsewhere BW_MMA=2 runs the mma.sync kernel, so the "wg" cases below test that fallback there).
 # "wg-dqmma": the wgmma kernel with dQ on mma.sync (BWG_DQ_MMA=1, the fallback for its one product whose A
-# operand is a transposed shared-memory tile); "wg-bulk": dQ added by bulk reductions (BWG_DQ_BULK=1).
+# operand is a transposed shared-memory tile); "wg-bulk": dQ added by bulk reductions (BWG_DQ_BULK=1);
+# "wg128", "wg128-dqmma": blocks of 128 keys as two warpgroups (BWG_KEYS=128), dQ split by columns.
+WG128 = {"BW_MMA": 2, "BWG_KEYS": 128}
 KERNELS = [pytest.param({"BW_MMA": 1}, id="mma"), pytest.param({"BW_MMA": 2}, id="wg"),
            pytest.param({"BW_MMA": 2, "BWG_DQ_MMA": 1}, id="wg-dqmma"),
-           pytest.param({"BW_MMA": 2, "BWG_DQ_BULK": 1}, id="wg-bulk")]
+           pytest.param({"BW_MMA": 2, "BWG_DQ_BULK": 1}, id="wg-bulk"),
+           pytest.param(WG128, id="wg128"), pytest.param({**WG128, "BWG_DQ_MMA": 1}, id="wg128-dqmma")]
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -204,7 +207,9 @@ def test_tensor_core_kernels_shared_coordinates_and_empty_rows(gpu, monkeypatch,
     assert not dq[-1].any() and not dk[-1].any() and not dv[-1].any() and not dx[-1].any()
 
 
-@pytest.mark.parametrize("knobs", [{}, {"BWG_DQ_MMA": 1}, {"BWG_DQ_BULK": 1}], ids=["wg", "dqmma", "bulk"])
+@pytest.mark.parametrize("knobs", [{}, {"BWG_DQ_MMA": 1}, {"BWG_DQ_BULK": 1}, {"BWG_KEYS": 128},
+                                   {"BWG_KEYS": 128, "BWG_DQ_MMA": 1}],
+                         ids=["wg", "dqmma", "bulk", "wg128", "wg128-dqmma"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_wgmma_kernel_agrees_with_mma_kernel(gpu, monkeypatch, dtype, knobs):
     from protgpu.attention.flash import wgmma_device
@@ -225,6 +230,33 @@ def test_wgmma_kernel_agrees_with_mma_kernel(gpu, monkeypatch, dtype, knobs):
     for name, a, b in zip(("dq", "dk", "dv", "dcoords", "dgamma"), wg, mma, strict=True):
         tol = 2.0**-6 if name in ("dq", "dk", "dv") else 1e-4
         assert err(a, b) <= tol * max(1.0, scale_of(b)), (name, err(a, b))
+
+
+@pytest.mark.parametrize("knobs", [{}, {"BWG_DQ_MMA": 1}], ids=["wg128", "wg128-dqmma"])
+@pytest.mark.parametrize("L", [77, 200, 1000])
+def test_wgmma_128_keys_agree_with_64(gpu, monkeypatch, L, knobs):
+    # Tile independence: each warpgroup of a 128-key block does exactly what a 64-key block does for its
+    # keys (the same products on the same query tiles), so dK and dV (plain stores) agree bit for bit;
+    # dQ (a K = 128 product), dcoords and dgamma (atomics, 8 warps' partials) only to float32 order.
+    from protgpu.attention.flash import wgmma_device
+
+    if not wgmma_device():
+        pytest.skip("the wgmma backward needs a compute capability 9.0 device")
+    q, k, v, do, x, gamma, m = problem(2, L, 4, 64, 9, mask=True)
+    q, k, v, do = (rounded(a, "bfloat16") for a in (q, k, v, do))
+    out64, lse64 = attention_lse_numpy(q, k, v, x, gamma, 9.0, m)
+    args = ("bfloat16", q, k, v, x, gamma, 9.0, m, do, rounded(out64, "bfloat16"), lse64)
+    monkeypatch.setattr(fb, "BWD_OVERRIDES", {**WG128, **knobs})
+    assert fb.bwd_block(fb.bwd_config("bfloat16", 64), "wg")[0] == 128
+    _, wide = run_gpu(*args)
+    monkeypatch.setattr(fb, "BWD_OVERRIDES", {"BW_MMA": 2, **knobs})
+    _, base = run_gpu(*args)
+    for name, a, b in zip(("dq", "dk", "dv", "dcoords", "dgamma"), wide, base, strict=True):
+        if name in ("dk", "dv"):
+            assert np.array_equal(a, b), (name, err(a, b))
+        else:
+            tol = 2.0**-7 if name == "dq" else 1e-4
+            assert err(a, b) <= tol * max(1.0, scale_of(b)), (name, err(a, b))
 
 
 def test_device_gamma_same_result_and_no_host_sync(gpu):
@@ -310,3 +342,19 @@ def check_flash_backward_wg_for_sanitizer() -> None:
         fb.BWD_OVERRIDES.clear()
         fb.BWD_OVERRIDES.update(saved)
     print("attention_bwd_wg: ok")
+
+
+def check_flash_backward_wg128_for_sanitizer() -> None:
+    """The wgmma backward with BWG_KEYS=128 (two warpgroups a block, dynamic shared memory) at B = 2,
+    L = 150 (two key blocks, the second partial; three query tiles, the last partial), H = 2, d = 64, with
+    mask and cutoff, dQ on wgmma and on mma.sync (compute-sanitizer section "attention_bwd_wg128")."""
+    saved = dict(fb.BWD_OVERRIDES)
+    try:
+        for knobs, dtype in (({}, "bfloat16"), ({}, "float16"), ({"BWG_DQ_MMA": 1}, "bfloat16")):
+            fb.BWD_OVERRIDES.clear()
+            fb.BWD_OVERRIDES.update(saved, **WG128, **knobs)
+            check(dtype, 2, 150, 2, 64, mask=True, cutoff=9.0, seed=3)
+    finally:
+        fb.BWD_OVERRIDES.clear()
+        fb.BWD_OVERRIDES.update(saved)
+    print("attention_bwd_wg128: ok")
