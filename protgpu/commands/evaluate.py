@@ -48,6 +48,13 @@ def register(sub, common) -> None:
                         "its B-factors when they are pLDDT; none: no confidence columns' values")
     p.add_argument("--min-identity", type=float, default=30.0, metavar="PERCENT",
                    help="a model chain maps to a reference chain only above this sequence identity (default 30)")
+    p.add_argument("--tm-mode", choices=("mapped", "usalign", "usalign-auto"), default="mapped",
+                   help="tm_score: mapped (default: the TMscore search on the chain-mapped residues, batched on "
+                        "the GPU); usalign: US-align's complex mode on protgpu's chain mapping, as OpenStructure "
+                        "reports it (CPU, about 0.4 s a design); usalign-auto: MM-align maps the chains itself")
+    p.add_argument("--no-stereochecks", dest="stereochecks", action="store_false",
+                   help="lddt and ilddt without OpenStructure's stereochecks (by default atoms with bond, angle or "
+                        "clash problems leave model and reference first, as OpenStructure's Scorer does)")
     add_batch_options(p)
     p.set_defaults(func=run)
 
@@ -56,7 +63,8 @@ def evaluate_job(args, device: str):
     """The :class:`~protgpu.batch.jobs.evaluate.EvaluateJob` that ``protgpu evaluate`` runs for ``args``."""
     from ..batch.jobs.evaluate import EvaluateJob
 
-    return EvaluateJob(args.ref, confidence=args.confidence, min_identity=args.min_identity, device=device)
+    return EvaluateJob(args.ref, confidence=args.confidence, min_identity=args.min_identity, device=device,
+                       tm_mode=args.tm_mode, stereochecks=args.stereochecks)
 
 
 def run(args) -> int:

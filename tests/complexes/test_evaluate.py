@@ -69,6 +69,22 @@ def test_evaluate_with_reference(tmp_path, eud):
     assert float(rows[1]["lddt"]) == 1.0 and float(rows[1]["irmsd:AB"]) < 1e-6  # the reference itself
 
 
+def test_evaluate_tm_mode_and_stereochecks(tmp_path, eud):
+    """--tm-mode usalign gives OpenStructure's complex TM-score (0.711 on 1eud, the mapped search 0.712);
+    --no-stereochecks gives lDDT without them (0.538, with them 0.539)."""
+    runs = {}
+    for name, extra in (("default", []), ("usalign", ["--tm-mode", "usalign", "--no-stereochecks"])):
+        out = tmp_path / f"{name}.csv"
+        assert _cli([eud[0], "--ref", eud[1], "--out", out, "-q", "--jobs", "1", *extra]) == 0
+        runs[name] = _rows(out)[0]
+    assert round(float(runs["default"]["tm_score"]), 3) == 0.712
+    assert round(float(runs["default"]["lddt"]), 3) == 0.539
+    assert round(float(runs["usalign"]["tm_score"]), 3) == 0.711
+    assert round(float(runs["usalign"]["lddt"]), 3) == 0.538
+    # the other columns do not depend on the options
+    assert runs["usalign"]["dockq"] == runs["default"]["dockq"] and runs["usalign"]["gdtts"] == runs["default"]["gdtts"]
+
+
 def test_evaluate_without_reference_reads_colabfold_confidence(tmp_path, eud):
     """No --ref: confidence and sanity only; --confidence auto finds the ColabFold scores JSON next to
     the model (pLDDT, PAE, pTM, ipTM) and derives ipSAE, pDockQ, pDockQ2 and LIS from it."""

@@ -42,6 +42,12 @@ class EvaluateJob(Job):
     min_identity : float
         As :func:`protgpu.map_chains`, percent.
     device : {"auto", "cpu", "gpu"}
+    tm_mode : {"mapped", "usalign", "usalign-auto"}
+        ``tm_score``: "mapped" (default here: the TMscore program's search on the chain-mapped residues,
+        batched on the device) or US-align's complex mode as OpenStructure reports it (CPU, ~0.4 s a
+        model: see :data:`protgpu.complexes.scores.TM_MODES`).
+    stereochecks : bool
+        lddt and ilddt on stereochecked model and reference, as OpenStructure (default True).
     batch_size : int
         Most designs per compute batch (the engine's journal interval bounds a batch's time too): large,
         since each batch pays fixed costs (launches, superposition calls, the rows) on top of its models.
@@ -55,7 +61,8 @@ class EvaluateJob(Job):
     uses_blas = True  # TM-score's search (as ScoreJob)
 
     def __init__(self, reference=None, *, confidence: str = "auto", chain_mapping="auto",
-                 min_identity: float = 30.0, device: str = "auto", batch_size: int = 1024):
+                 min_identity: float = 30.0, device: str = "auto", batch_size: int = 1024,
+                 tm_mode: str = "mapped", stereochecks: bool = True):
         from ...complexes.evaluate import CONFIDENCE_COLUMNS, SANITY_COLUMNS, score_column_names
         from ...complexes.scores import METRICS, ComplexReference
 
@@ -68,6 +75,8 @@ class EvaluateJob(Job):
         self.min_identity = float(min_identity)
         self.device = device
         self.batch_size = int(batch_size)
+        self.tm_mode = tm_mode
+        self.stereochecks = bool(stereochecks)
         self.reference_name = self.reference_sha256 = None
         self.reference = None
         score_cols: list = []
@@ -77,14 +86,15 @@ class EvaluateJob(Job):
                 self.reference_sha256 = file_sha256(reference) if os.path.isfile(reference) else None
             else:
                 self.reference_name = str(getattr(reference, "source", None) or "reference")
-            self.reference = ComplexReference(reference, METRICS)
+            self.reference = ComplexReference(reference, METRICS, tm_mode, stereochecks=self.stereochecks)
             score_cols = score_column_names(METRICS, self.reference.interfaces)
         self.columns = ["model", *score_cols, *CONFIDENCE_COLUMNS, *SANITY_COLUMNS]
 
     def options(self) -> dict:
         return {"reference": None if self.reference_name is None else os.path.basename(self.reference_name),
                 "reference_sha256": self.reference_sha256, "confidence": self.confidence,
-                "chain_mapping": self.chain_mapping, "min_identity": self.min_identity}
+                "chain_mapping": self.chain_mapping, "min_identity": self.min_identity, "tm_mode": self.tm_mode,
+                "stereochecks": self.stereochecks}
 
     def __getstate__(self):
         # the per-atom-table caches are rebuilt in each process (a parse worker's are its own)
