@@ -1,12 +1,13 @@
 """Scores of a model complex against a reference complex, on the residues a chain mapping pairs.
 
 What exists in protgpu is reused on the mapped residues (the mapping's residue pairs are the explicit
-``mapping=`` of those functions): lDDT and backbone (CA) lDDT are :func:`protgpu.lddt`; TM-score,
-GDT-TS/HA and the CA RMSD are :func:`protgpu.tm_score` (normalised by the reference's total length, as
-US-align's complex mode normalises); the interface lDDT is lDDT's own NumPy twin on the inter-chain
-pairs only; superpositions are :func:`protgpu.superpose`. New here: QS-score (Bertoni et al. 2017, as
-OpenStructure's ``QSScorer``) and DockQ (Basu & Wallner 2016; the v2 aggregate of Mirabello & Wallner
-2024). Definitions, and what reproduces OpenStructure, are in docs/design/complexes.md.
+``mapping=`` of those functions): lDDT and backbone (CA) lDDT are :func:`protgpu.lddt`; TM-score
+and the CA RMSD are :func:`protgpu.tm_score` (normalised by the reference's total length, as US-align's
+complex mode normalises); GDT-TS/HA are OpenStructure's window search
+(:mod:`protgpu.scoring.gdt_windows`, over the same length); the interface lDDT is lDDT's own NumPy
+twin on the inter-chain pairs only; superpositions are :func:`protgpu.superpose`. New here: QS-score
+(Bertoni et al. 2017, as OpenStructure's ``QSScorer``) and DockQ (Basu & Wallner 2016; the v2
+aggregate of Mirabello & Wallner 2024). Definitions, and what reproduces OpenStructure, are in docs/design/complexes.md.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .._autograd import refuse_grad
 from .._inputs import source_name
 from ..errors import InputError
 from ..scoring import _mapping as mp
+from ..scoring.gdt_windows import gdt_windows
 from ..scoring.lddt import lddt_counts_numpy, lddt_scores
 from ..scoring.tmscore import tm_score
 from ..structure import Structure
@@ -623,7 +625,7 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
     (:func:`host_scores`; ``host`` holds them when a caller counted them already, one dict per model).
     ``keys``: each model's :func:`group_key` when a caller has them (a parse worker computed them).
     ``timers``: a dict that the seconds of each step are added to (``stack_s``, ``lddt_s``, ``tm_s``,
-    ``dockq_rmsd_s``; the results are on the host at the end of each, so GPU time is included).
+    ``gdt_s``, ``dockq_rmsd_s``; the results are on the host at the end of each, so GPU time is included).
     """
     metrics = ref.metrics
     m = len(structures)
@@ -668,6 +670,12 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
                 if col in metrics:
                     table[col][idx] = _host(v)
         clock("tm_s")
+        if "gdtts" in metrics or "gdtha" in metrics:  # OpenStructure's GDT, not the TMscore program's
+            ts, ha = gdt_windows(stack, ref_s, mapping=rp, device=device)
+            for col, v in (("gdtts", ts), ("gdtha", ha)):
+                if col in metrics:
+                    table[col][idx] = v
+        clock("gdt_s")
         if "dockq" in metrics:
             total = np.zeros(len(idx))
             for i, (a, b) in enumerate(ifaces):

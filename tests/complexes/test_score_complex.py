@@ -22,9 +22,6 @@ NOT_YET = {
     "ilddt": "0.280: the same stereochecks as lddt",
     "tm_score": "0.712: US-align's complex mode finds its own residue alignment (TM-align search); "
                 "protgpu scores the sequence-mapped residues with TM-score's superposition search",
-    "gdtts": "0.614: OpenStructure's GDT searches superpositions from LGA-like windows (7, 9, 12, 24, "
-             "48 residues); protgpu's is the TMscore program's search",
-    "gdtha": "0.470: as gdtts",
 }
 
 
