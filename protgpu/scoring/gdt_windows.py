@@ -243,6 +243,7 @@ def gdt_windows_fast(x, y, n_ali) -> np.ndarray:
 
 _WARPS = 4  # warps per block (GW_WARPS in kernels/gdt_windows.cu)
 _SMEM_HARD = 48 * 1024  # dynamic shared memory a launch may ask for without an opt-in attribute
+_SMEM_LIMIT = _SMEM_HARD  # coordinates staged in shared memory up to this (tests set 0: global reads)
 
 
 def gdt_windows_cuda(x, y, n_ali):
@@ -266,7 +267,7 @@ def gdt_windows_cuda(x, y, n_ali):
     nwords = (lmax + 31) // 32
     mask_bytes = _WARPS * 2 * nwords * 4
     coord_bytes = 6 * lmax * 8
-    use_smem = mask_bytes + coord_bytes <= _SMEM_HARD
+    use_smem = mask_bytes + coord_bytes <= _SMEM_LIMIT
     shared = mask_bytes + (coord_bytes if use_smem else 0)
     if shared > _SMEM_HARD:
         raise InputError(f"{lmax} aligned residues exceed what one GPU block can hold; use device='cpu'")
