@@ -74,10 +74,11 @@ __device__ __forceinline__ unsigned gw_window_word(int kw, int lo, int hi) {
 }
 
 // x, y: (M, lmax, 3) centred model and reference CAs in mapping order (rows past n_ali ignored);
-// n_ali: (M,); seeds: (S_total, 2) int32 (start, length) rows, model m's at [seed_ptr[m], seed_ptr[m+1]);
+// n_ali: (M,); seeds: (S_total, 2) int32 (start, length) rows, model m's seed_cnt[m] rows from seed_off[m]
+// (models of one length share theirs);
 // out: (M, 5) int32, zero on entry: the best subset size for the cutoffs 0.5, 1, 2, 4, 8 Angstrom.
 extern "C" __global__ __launch_bounds__(GW_WARPS * 32) void gdt_windows_f64(
-    const double* x, const double* y, const int* n_ali, const int* seeds, const int* seed_ptr, int lmax,
+    const double* x, const double* y, const int* n_ali, const int* seeds, const int* seed_off, const int* seed_cnt, int lmax,
     int use_smem, int* out) {
     extern __shared__ __align__(16) unsigned char gw_smem[];
     const i64 m = blockIdx.x;
@@ -100,7 +101,7 @@ extern "C" __global__ __launch_bounds__(GW_WARPS * 32) void gdt_windows_f64(
     __syncthreads();
     unsigned* buf0 = masks + (warp * 2) * nwords_max;
     unsigned* buf1 = masks + (warp * 2 + 1) * nwords_max;
-    const int s0 = seed_ptr[m], n_seeds = seed_ptr[m + 1] - s0;
+    const int s0 = seed_off[m], n_seeds = seed_cnt[m];
     const double cut2[GW_NCUT] = {0.25, 1.0, 4.0, 16.0, 64.0};
     int best[GW_NCUT] = {0, 0, 0, 0, 0};
     double a[GW_NSUM];

@@ -84,6 +84,17 @@ def window_seeds(n: int) -> np.ndarray:
     return out
 
 
+def _seed_table(n_ali: np.ndarray):
+    """Seeds of every model: one :func:`window_seeds` table per distinct length (models of one mapping
+    share theirs), concatenated, shape (S, 2) int64; each model's first row and row count, (M,) int64."""
+    lengths, which = np.unique(np.asarray(n_ali, np.int64), return_inverse=True)
+    parts = [window_seeds(int(n)) for n in lengths]
+    cnt = np.asarray([len(p) for p in parts], np.int64)
+    off = np.concatenate([[0], np.cumsum(cnt)[:-1]]).astype(np.int64)
+    seeds = np.ascontiguousarray(np.concatenate(parts)) if parts else np.zeros((0, 2), np.int64)
+    return seeds, off[which.reshape(-1)], cnt[which.reshape(-1)]
+
+
 def _centred(x, y, n_ali, xp):
     """x, y (M or 1, L, 3) as float64, zero past n_ali, each model's pairs moved to their centroid
     (superpositions do not care; the fits' sums then cancel nothing)."""
@@ -211,14 +222,14 @@ def _model_counts(x, y, seeds, cuts2, out):
 
 
 @_jit
-def _models_counts(xc, yc, n_ali, seeds_all, seed_ptr, cuts2, m0, m1, out):
+def _models_counts(xc, yc, n_ali, seeds, off, cnt, cuts2, m0, m1, out):
     for m in range(m0, m1):
         n = n_ali[m]
-        if seed_ptr[m + 1] == seed_ptr[m]:
+        if cnt[m] == 0:
             continue
         x = np.ascontiguousarray(xc[m, :n].T)
         y = np.ascontiguousarray(yc[m, :n].T)
-        _model_counts(x, y, seeds_all[seed_ptr[m]:seed_ptr[m + 1]], cuts2, out[m])
+        _model_counts(x, y, seeds[off[m]:off[m] + cnt[m]], cuts2, out[m])
 
 
 def gdt_windows_fast(x, y, n_ali) -> np.ndarray:
@@ -228,12 +239,9 @@ def gdt_windows_fast(x, y, n_ali) -> np.ndarray:
     n_ali = np.ascontiguousarray(n_ali, dtype=np.int64)
     xc, yc = _centred(x, y, n_ali, np)
     m_total = len(n_ali)
-    parts = [window_seeds(int(n)) for n in n_ali]
-    seed_ptr = np.zeros(m_total + 1, np.int64)
-    seed_ptr[1:] = np.cumsum([len(p) for p in parts])
-    seeds_all = np.ascontiguousarray(np.concatenate(parts)) if m_total else np.zeros((0, 2), np.int64)
+    seeds, off, cnt = _seed_table(n_ali)
     out = np.zeros((m_total, len(CUTOFFS)), np.int64)
-    _sf._pool_run(m_total, lambda m0, m1: _models_counts(xc, yc, n_ali, seeds_all, seed_ptr, _CUTS2, m0, m1, out),
+    _sf._pool_run(m_total, lambda m0, m1: _models_counts(xc, yc, n_ali, seeds, off, cnt, _CUTS2, m0, m1, out),
                   per_task=1)
     return out
 
@@ -271,14 +279,10 @@ def gdt_windows_cuda(x, y, n_ali):
     shared = mask_bytes + (coord_bytes if use_smem else 0)
     if shared > _SMEM_HARD:
         raise InputError(f"{lmax} aligned residues exceed what one GPU block can hold; use device='cpu'")
-    # every model's seeds, in one table: (start, length) per row, offsets per model
-    parts = [window_seeds(int(n)) for n in n_ali]
-    ptr = np.zeros(m_total + 1, np.int64)
-    ptr[1:] = np.cumsum([len(p) for p in parts])
-    seeds = cp.asarray(np.concatenate(parts).astype(np.int32))
-    ptr_d = cp.asarray(ptr.astype(np.int32))
+    seeds, off, cnt = _seed_table(n_ali)
+    seeds_d, off_d, cnt_d = (cp.asarray(v.astype(np.int32)) for v in (seeds, off, cnt))
     n_d = cp.asarray(n_ali.astype(np.int32))
-    s_max = int(max(len(p) for p in parts))
+    s_max = int(cnt.max())
     kernel = get_kernel("gdt_windows", "gdt_windows_f64", defines={"GW_WARPS": _WARPS})
     sm_count = cp.cuda.Device().attributes["MultiProcessorCount"]
     step = rows_per_chunk(2 * lmax * 3 * 8 + 4096, m_total, device_budget_bytes())
@@ -286,8 +290,8 @@ def gdt_windows_cuda(x, y, n_ali):
         m1 = min(m_total, m0 + step)
         mc = m1 - m0
         cols = int(max(1, min(-(-s_max // _WARPS), -(-8 * sm_count // mc), 65535)))
-        launch(kernel, (mc, cols), (_WARPS * 32,), xc[m0:m1], yc[m0:m1], n_d[m0:m1], seeds, ptr_d[m0:m1 + 1],
-               np.int32(lmax), np.int32(1 if use_smem else 0), out[m0:m1], shared_mem=shared)
+        launch(kernel, (mc, cols), (_WARPS * 32,), xc[m0:m1], yc[m0:m1], n_d[m0:m1], seeds_d, off_d[m0:m1],
+               cnt_d[m0:m1], np.int32(lmax), np.int32(1 if use_smem else 0), out[m0:m1], shared_mem=shared)
     return out.astype(cp.int64)
 
 
