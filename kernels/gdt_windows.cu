@@ -3,13 +3,12 @@
 // specification.
 //
 // Work split: block (m, c) holds model m's centred CA pairs (in shared memory when they fit); its warps
-// take the model's seed windows c*GW_WARPS + w, c*GW_WARPS + w + gridDim.y*GW_WARPS, ... One warp runs one
-// window for all five cutoffs: the window's superposition is fitted once, then per cutoff up to
-// GW_ROUNDS rounds of "select the pairs closer than the cutoff, refit on them", until the subset repeats
-// or has fewer than 3 pairs. Lanes own pairs j = lane + 32k; a subset is the warp's ballot words, kept
-// in shared memory. The pass that selects a subset also sums its fit terms, so a round reads the pairs
-// once. Sums, QCP (qcp.cuh) and distances are float64. Each warp keeps its best count per cutoff and
-// ends with one atomicMax per cutoff into out[m][5].
+// take the model's seed windows c*GW_WARPS + w, c*GW_WARPS + w + gridDim.y*GW_WARPS, ... for each of the
+// five cutoffs in turn: fit the window, then up to GW_ROUNDS rounds of "select the pairs closer than the
+// cutoff, refit on them", until the subset repeats or has fewer than 3 pairs. Lanes own pairs
+// j = lane + 32k; a subset is the warp's ballot words, kept in shared memory. The pass that selects a
+// subset also sums its fit terms, so a round reads the pairs once. Sums, QCP (qcp.cuh) and distances are float64. Each warp keeps its best count of a cutoff and
+// ends it with one atomicMax into out[m][5].
 #include "common.cuh"
 #include "qcp.cuh"  // the QCP solver shared with qcp.cu and tmscore.cu
 
@@ -78,8 +77,8 @@ __device__ __forceinline__ unsigned gw_window_word(int kw, int lo, int hi) {
 // (models of one length share theirs);
 // out: (M, 5) int32, zero on entry: the best subset size for the cutoffs 0.5, 1, 2, 4, 8 Angstrom.
 extern "C" __global__ __launch_bounds__(GW_WARPS * 32) void gdt_windows_f64(
-    const double* x, const double* y, const int* n_ali, const int* seeds, const int* seed_off, const int* seed_cnt, int lmax,
-    int use_smem, int* out) {
+    const double* x, const double* y, const int* n_ali, const int* seeds, const int* seed_off, const int* seed_cnt,
+    int lmax, int use_smem, int* out) {
     extern __shared__ __align__(16) unsigned char gw_smem[];
     const i64 m = blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -102,23 +101,21 @@ extern "C" __global__ __launch_bounds__(GW_WARPS * 32) void gdt_windows_f64(
     unsigned* buf0 = masks + (warp * 2) * nwords_max;
     unsigned* buf1 = masks + (warp * 2 + 1) * nwords_max;
     const int s0 = seed_off[m], n_seeds = seed_cnt[m];
-    const double cut2[GW_NCUT] = {0.25, 1.0, 4.0, 16.0, 64.0};
-    int best[GW_NCUT] = {0, 0, 0, 0, 0};
     double a[GW_NSUM];
-    double R0[9], t0[3], R[9], t[3];
+    double R[9], t[3];
 
-    for (int si = blockIdx.y * GW_WARPS + warp; si < n_seeds; si += gridDim.y * GW_WARPS) {
-        const int lo = seeds[2 * (s0 + si)], len = seeds[2 * (s0 + si) + 1];
-        const int hi = lo + len;
-        // the window's superposition, shared by the five cutoffs
+    // cutoffs outside, windows inside: the best count stays a register (a window's fit, a few dozen
+    // pairs, is redone per cutoff: cheaper than keeping five counts in local memory)
+    for (int c = 0; c < GW_NCUT; ++c) {
+        const double c2 = ldexp(0.25, 2 * c);  // 0.5^2, 1^2, 2^2, 4^2, 8^2, exactly
+        int best = 0;
+        for (int si = blockIdx.y * GW_WARPS + warp; si < n_seeds; si += gridDim.y * GW_WARPS) {
+            const int lo = seeds[2 * (s0 + si)], len = seeds[2 * (s0 + si) + 1];
+            const int hi = lo + len;
 #pragma unroll
-        for (int i = 0; i < GW_NSUM; ++i) a[i] = 0.0;
-        for (int j = lo + lane; j < hi; j += 32) gw_add(a, xs, ys, j);
-        gw_fit(a, len, R0, t0);
-        for (int c = 0; c < GW_NCUT; ++c) {
-            const double c2 = cut2[c];
-            for (int i = 0; i < 9; ++i) R[i] = R0[i];
-            for (int i = 0; i < 3; ++i) t[i] = t0[i];
+            for (int i = 0; i < GW_NSUM; ++i) a[i] = 0.0;
+            for (int j = lo + lane; j < hi; j += 32) gw_add(a, xs, ys, j);
+            gw_fit(a, len, R, t);
             unsigned* cur = buf0;
             unsigned* nxt = buf1;
             for (int r = 0; r < GW_ROUNDS; ++r) {
@@ -144,7 +141,7 @@ extern "C" __global__ __launch_bounds__(GW_WARPS * 32) void gdt_windows_f64(
                     if (sel) gw_add(a, xs, ys, j);  // the next round's fit, if there is one
                 }
                 __syncwarp();
-                best[c] = max(best[c], cnt);
+                best = max(best, cnt);
                 if (same || cnt < 3) break;
                 unsigned* tmp = cur;
                 cur = nxt;
@@ -153,8 +150,6 @@ extern "C" __global__ __launch_bounds__(GW_WARPS * 32) void gdt_windows_f64(
             }
             __syncwarp();
         }
+        if (lane == 0 && best > 0) atomicMax(out + m * GW_NCUT + c, best);
     }
-    if (lane == 0)
-        for (int c = 0; c < GW_NCUT; ++c)
-            if (best[c] > 0) atomicMax(out + m * GW_NCUT + c, best[c]);
 }

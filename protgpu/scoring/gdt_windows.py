@@ -258,8 +258,7 @@ def gdt_windows_cuda(x, y, n_ali):
     """:func:`gdt_windows_numpy` on the GPU (``kernels/gdt_windows.cu``), CuPy in and out.
 
     ``x``, ``y``: CuPy arrays as for the twin (any float dtype: the kernel works in float64). Returns
-    the (M, 5) int64 counts on the device. One warp per (model, window); each runs the five cutoffs'
-    refinements, sharing the window's first superposition.
+    the (M, 5) int64 counts on the device. One warp per (model, window), the five cutoffs in turn.
     """
     import cupy as cp
 
@@ -273,7 +272,7 @@ def gdt_windows_cuda(x, y, n_ali):
         return out.astype(cp.int64)
     xc, yc = _centred(x, y, n_ali, cp)
     nwords = (lmax + 31) // 32
-    mask_bytes = _WARPS * 2 * nwords * 4
+    mask_bytes = ((_WARPS * 2 * nwords * 4 + 15) // 16) * 16  # the kernel aligns the coordinates to 16
     coord_bytes = 6 * lmax * 8
     use_smem = mask_bytes + coord_bytes <= _SMEM_LIMIT
     shared = mask_bytes + (coord_bytes if use_smem else 0)
