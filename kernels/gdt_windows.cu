@@ -7,8 +7,8 @@
 // five cutoffs in turn: fit the window, then up to GW_ROUNDS rounds of "select the pairs closer than the
 // cutoff, refit on them", until the subset repeats or has fewer than 3 pairs. Lanes own pairs
 // j = lane + 32k; a subset is the warp's ballot words, kept in shared memory. The pass that selects a
-// subset also sums its fit terms, so a round reads the pairs once. Sums, QCP (qcp.cuh) and distances are float64. Each warp keeps its best count of a cutoff and
-// ends it with one atomicMax into out[m][5].
+// subset also sums its fit terms, so a round reads the pairs once. Sums, QCP (qcp.cuh) and distances
+// are float64. Each warp keeps its best count of a cutoff and ends it with one atomicMax into out[m][5].
 #include "common.cuh"
 #include "qcp.cuh"  // the QCP solver shared with qcp.cu and tmscore.cu
 
