@@ -18,7 +18,7 @@
 #define GW_FULL_MASK 0xffffffffu
 #define GW_ROUNDS 10
 #define GW_NCUT 5
-#define GW_NSUM 17
+#define GW_NSUM 15
 
 __device__ __forceinline__ double gw_warp_sum(double v) {
 #pragma unroll
@@ -26,7 +26,7 @@ __device__ __forceinline__ double gw_warp_sum(double v) {
     return v;
 }
 
-// Adds pair j's fit terms to a: sums of x, y, x y^T (row-major), |x|^2, |y|^2.
+// Adds pair j's fit terms to a: sums of x, y and x y^T (row-major).
 __device__ __forceinline__ void gw_add(double* a, const double* xs, const double* ys, int j) {
     const double x0 = xs[3 * j], x1 = xs[3 * j + 1], x2 = xs[3 * j + 2];
     const double y0 = ys[3 * j], y1 = ys[3 * j + 1], y2 = ys[3 * j + 2];
@@ -35,12 +35,12 @@ __device__ __forceinline__ void gw_add(double* a, const double* xs, const double
     a[6] += x0 * y0; a[7] += x0 * y1; a[8] += x0 * y2;
     a[9] += x1 * y0; a[10] += x1 * y1; a[11] += x1 * y2;
     a[12] += x2 * y0; a[13] += x2 * y1; a[14] += x2 * y2;
-    a[15] += x0 * x0 + x1 * x1 + x2 * x2;
-    a[16] += y0 * y0 + y1 * y1 + y2 * y2;
 }
 
 // Superposition (R row-major, t: R x + t ~ y) of the cnt pairs whose per-lane sums are in a (reduced
-// over the warp here; every lane gets the same R, t). Non-finite input gives the identity rotation.
+// over the warp here; every lane gets the same R, t). As the twin's fit from sums
+// (protgpu.scoring._kabsch.superpose_from_sums): no sums of squares, so Newton starts from, and scales
+// its tolerances by, the bound sqrt(3) |M|_F. Non-finite input gives the identity rotation.
 __device__ void gw_fit(double* a, int cnt, double* R, double* t) {
 #pragma unroll
     for (int i = 0; i < GW_NSUM; ++i) a[i] = gw_warp_sum(a[i]);
@@ -50,11 +50,12 @@ __device__ void gw_fit(double* a, int cnt, double* R, double* t) {
     double s[9];
     for (int p = 0; p < 3; ++p)
         for (int q = 0; q < 3; ++q) s[p * 3 + q] = a[6 + p * 3 + q] - (double)cnt * cx[p] * cy[q];
-    const double ga = a[15] - (double)cnt * (cx[0] * cx[0] + cx[1] * cx[1] + cx[2] * cx[2]);
-    const double gb = a[16] - (double)cnt * (cy[0] * cy[0] + cy[1] * cy[1] + cy[2] * cy[2]);
+    double f2 = 0.0;
+    for (int i = 0; i < 9; ++i) f2 += s[i] * s[i];
+    const double nuc = sqrt(3.0 * f2);  // qcp_top_quaternion's (ga + gb) / 2
     QcpKey k;
     double q[4];
-    qcp_top_quaternion(s, ga, gb, k, q);
+    qcp_top_quaternion(s, nuc, nuc, k, q);
     if (!(isfinite(q[0]) && isfinite(q[1]) && isfinite(q[2]) && isfinite(q[3]))) {
         q[0] = 1.0;
         q[1] = q[2] = q[3] = 0.0;
