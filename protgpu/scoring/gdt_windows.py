@@ -178,16 +178,11 @@ _MAX_ROUNDS = MAX_ROUNDS  # a compile-time constant in the loops
 def _model_counts(x, y, seeds, cuts2, out):
     """One model: x, y (3, n) centred rows; seeds (S, 2); writes the (5,) best counts to ``out``."""
     n = x.shape[1]
-    rot = np.empty((3, 3))
-    trans = np.empty(3)
-    kbuf = np.empty(10)
-    q = np.empty(4)
-    rows = np.empty((4, 4))
-    wk = np.empty(15)
-    d2 = np.empty(n)
-    first = np.empty(n)
-    cur = np.zeros(n, np.bool_)
-    new = np.zeros(n, np.bool_)
+    # _fast._fit_subset's work arrays: rotation, translation, key matrix, quaternion, adjugate rows, sums
+    rot, trans, kbuf, q = np.empty((3, 3)), np.empty(3), np.empty(10), np.empty(4)
+    rows, wk = np.empty((4, 4)), np.empty(15)
+    d2, first = np.empty(n), np.empty(n)  # distances of this round, of the window's fit
+    cur, new = np.zeros(n, np.bool_), np.zeros(n, np.bool_)
     for k in range(cuts2.shape[0]):
         out[k] = 0
     for si in range(seeds.shape[0]):
