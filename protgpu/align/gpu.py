@@ -401,8 +401,9 @@ def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms, *
     Notes
     -----
     Pairs run by block size (:func:`block_config`), each group largest workspace first, in chunks whose
-    workspace fits the device memory budget (:func:`protgpu._memory.device_budget_bytes`), so memory
-    does not grow with the number of pairs. A chunk is launched as up to :data:`PIECES` kernels on as
+    workspace fits the device memory budget (:func:`protgpu._memory.device_budget_bytes`) and at most
+    :data:`WORKSPACE_BYTES` (or :data:`WORKSPACE_PAIRS` pairs' worth), so memory does not grow with the
+    number of pairs. A chunk is launched as up to :data:`PIECES` kernels on as
     many streams, each on its own slice of the chunk's workspace: the pieces run concurrently (no idle
     tail between them) and the host unpacks piece k while the later ones run.
     """
@@ -436,7 +437,11 @@ def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms, *
         start = 0
         while start < len(order):
             stride = int(ws[start])  # the largest of this chunk (sorted): every slice fits
-            step = min(rows_per_chunk(stride, len(order) - start, budget), 1 << 20)
+            # the workspace is per pair, but only ~2 blocks per SM run at once: a chunk larger than
+            # WORKSPACE_BYTES (or WORKSPACE_PAIRS pairs, for long chains) buys no speed, and a search
+            # of many chunks would otherwise hold half the device and fragment CuPy's pool
+            cap = min(budget, max(WORKSPACE_BYTES, WORKSPACE_PAIRS * stride))
+            step = min(rows_per_chunk(stride, len(order) - start, cap), 1 << 20)
             idx = order[start:start + step]
             work = cp.empty(len(idx) * stride, dtype=cp.uint8)
             # the streams wait for this chunk's workspace (freed memory of the last chunk is reused)
@@ -452,6 +457,12 @@ def tm_align_gpu(mobile_ca, target_ca, seq_mobile, seq_target, pairs, l_norms, *
             del work, running
             start += len(idx)
     return (out, prof) if profile else out
+
+
+#: Device workspace of one chunk at most (bytes), unless WORKSPACE_PAIRS pairs need more: enough pairs
+#: to keep every SM busy through a chunk's tail (2 blocks per SM at 300 residues: 264 on an H200).
+WORKSPACE_BYTES = 4 << 30
+WORKSPACE_PAIRS = 2048
 
 
 #: Kernels (and streams) a chunk is launched as, so that the host unpacks the first ones while the

@@ -1,13 +1,15 @@
 """Scores of a model complex against a reference complex, on the residues a chain mapping pairs.
 
 What exists in protgpu is reused on the mapped residues (the mapping's residue pairs are the explicit
-``mapping=`` of those functions): lDDT and backbone (CA) lDDT are :func:`protgpu.lddt`; TM-score
-and the CA RMSD are :func:`protgpu.tm_score` (normalised by the reference's total length, as US-align's
-complex mode normalises); GDT-TS/HA are OpenStructure's window search
-(:mod:`protgpu.scoring.gdt_windows`, over the same length); the interface lDDT is lDDT's own NumPy
-twin on the inter-chain pairs only; superpositions are :func:`protgpu.superpose`. New here: QS-score
-(Bertoni et al. 2017, as OpenStructure's ``QSScorer``) and DockQ (Basu & Wallner 2016; the v2
-aggregate of Mirabello & Wallner 2024). Definitions, and what reproduces OpenStructure, are in docs/design/complexes.md.
+``mapping=`` of those functions): lDDT and backbone (CA) lDDT are :func:`protgpu.lddt`; the CA RMSD
+is :func:`protgpu.tm_score`; GDT-TS/HA are OpenStructure's window search
+(:mod:`protgpu.scoring.gdt_windows`, normalised by the reference's total length); TM-score is
+US-align's complex mode (:mod:`protgpu.align.complex_mode`, normalised by the reference's total
+length), or the TMscore program's search on the mapped residues (``tm_mode="mapped"``); the interface
+lDDT is lDDT's own NumPy twin on the inter-chain pairs only; superpositions are
+:func:`protgpu.superpose`. New here: QS-score (Bertoni et al. 2017, as OpenStructure's ``QSScorer``)
+and DockQ (Basu & Wallner 2016; the v2 aggregate of Mirabello & Wallner 2024). Definitions, and what
+reproduces OpenStructure, are in docs/design/complexes.md.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 
 from .._autograd import refuse_grad
 from .._inputs import source_name
+from ..align.complex_mode import complex_tm
 from ..errors import InputError
 from ..scoring import _mapping as mp
 from ..scoring.gdt_windows import gdt_windows
@@ -45,6 +48,10 @@ METRICS = ("lddt", "bb_lddt", "ilddt", "tm_score", "gdtts", "gdtha", "rmsd", "qs
 QS_CONTACT = 12.0  # Angstrom, CB-CB (CA for GLY) inter-chain contact of QS-score
 DOCKQ_CONTACT = 5.0  # Angstrom, heavy-atom contact of fnat
 DOCKQ_INTERFACE = 10.0  # Angstrom, interface residues of iRMSD
+#: ``tm_score`` modes: "usalign" - US-align's complex mode (MM-align, as OpenStructure) on protgpu's chain
+#: mapping (OpenStructure's ``oum``); "usalign-auto" - MM-align assigning chains itself (OpenStructure's
+#: default); "mapped" - the TMscore program's search on the mapped residues (docs/design/complexes.md).
+TM_MODES = ("usalign", "usalign-auto", "mapped")
 BACKBONE = ("CA", "C", "N", "O")
 
 
@@ -394,19 +401,27 @@ def lddt_reference_of(ref_s, flavour: str, cache: dict | None = None):
     return cache[flavour]
 
 
-def lddt_of(model, ref_s, flavour: str, pairs: np.ndarray, device: str = "cpu", cache: dict | None = None):
+def lddt_of(model, ref_s, flavour: str, pairs: np.ndarray, device: str = "cpu", cache: dict | None = None,
+            batches: dict | None = None):
     """lDDT (M,) of every frame of ``model`` on the residue ``pairs``: :func:`protgpu.lddt`'s values
     (default thresholds, symmetry resolved) for ``flavour`` "heavy" or "ca", and for "inter" the lDDT
     over the reference's inter-chain pairs only (the interface lDDT); lDDT's NumPy twin (compiled) on
-    the CPU, its CUDA kernel on the GPU (one launch). ``cache`` as :func:`lddt_reference_of`."""
+    the CPU, its CUDA kernel on the GPU (one launch). ``cache`` as :func:`lddt_reference_of`.
+    ``batches``: a dict kept by the caller for one ``model`` and ``pairs``, so that "heavy" and "inter"
+    (the same atoms) gather and upload the models' atoms once."""
     from .._array import dispatch, to_numpy
     from ..scoring import _batch, _fast
     from ..scoring.lddt import lddt_counts_cuda
 
     be = dispatch(model, ref_s, device=device)
     ref, info, ref_atoms = lddt_reference_of(ref_s, flavour, cache)
-    groups, _ = _batch.collect_models(model, ref_s)
-    batch = _batch.atom_batch(groups, ref_s, info, ref_atoms, pairs, be, _batch.work_dtype(model, ref_s))
+    atoms = "ca" if flavour == "ca" else "heavy"
+    batch = None if batches is None else batches.get(atoms)
+    if batch is None:
+        groups, _ = _batch.collect_models(model, ref_s)
+        batch = _batch.atom_batch(groups, ref_s, info, ref_atoms, pairs, be, _batch.work_dtype(model, ref_s))
+        if batches is not None:
+            batches[atoms] = batch
     if be.on_gpu:
         counts = lddt_counts_cuda(batch.coords, ref)
     elif _fast.enabled():  # the compiled twin (integer counts: the same as the NumPy twin's)
@@ -448,13 +463,19 @@ class ComplexReference:
     reference : Structure or path
     metrics : sequence of str
         Any of :data:`METRICS`.
+    tm_mode : str
+        How ``tm_score`` is computed (:data:`TM_MODES`); "mapped" here (the batch engine's speed),
+        "usalign" in :func:`score_complex`.
     """
 
-    def __init__(self, reference, metrics=METRICS):
+    def __init__(self, reference, metrics=METRICS, tm_mode: str = "mapped"):
         self.metrics = tuple(metrics)
         bad = [m for m in self.metrics if m not in METRICS]
         if bad:
             raise InputError(f"metrics: unknown {bad}; choose from {list(METRICS)}")
+        if tm_mode not in TM_MODES:
+            raise InputError(f"tm_mode: unknown {tm_mode!r}; choose from {list(TM_MODES)}")
+        self.tm_mode = tm_mode
         self.raw = reference_structure(reference)
         self.structure = clean(self.raw)
         self.interfaces = native_interfaces(self.structure) if "dockq" in self.metrics else []
@@ -641,7 +662,7 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
             table[p] = np.full((m, len(ifaces)), np.nan)
         for p in ("fnat", "fnonnat", "nnat", "nmdl"):
             table[p] = np.asarray([h[p] for h in host], np.float64).reshape(m, len(ifaces))
-    want_tm = any(k in metrics for k in ("tm_score", "gdtts", "gdtha", "rmsd"))
+    want_tm = any(k in metrics for k in ("tm_score", "rmsd"))
     groups: dict = {}
     seen: dict = {}  # (atom table, mapping) objects already keyed: the frames of one input share them
     for k, (s, cm) in enumerate(zip(structures, mappings, strict=True)):
@@ -660,15 +681,19 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
         stack = first if len(idx) == 1 else Structure(xs, first.atoms, source=first.source)
         rp = cm.residue_pairs()
         clock("stack_s")
+        batches: dict = {}
         for col, flavour in (("lddt", "heavy"), ("bb_lddt", "ca"), ("ilddt", "inter")):
             if col in metrics:
-                table[col][idx] = lddt_of(stack, ref_s, flavour, rp, device, ref._lddt)
+                table[col][idx] = lddt_of(stack, ref_s, flavour, rp, device, ref._lddt, batches)
+        del batches
         clock("lddt_s")
         if want_tm:
             t = tm_score(stack, ref_s, mapping=rp, device=device)
-            for col, v in (("tm_score", t.tm), ("gdtts", t.gdt_ts), ("gdtha", t.gdt_ha), ("rmsd", t.rmsd)):
+            for col, v in (("tm_score", t.tm), ("rmsd", t.rmsd)):
                 if col in metrics:
                     table[col][idx] = _host(v)
+            if "tm_score" in metrics and ref.tm_mode != "mapped":
+                table["tm_score"][idx] = complex_tm(xs, first, ref_s, cm.chains if ref.tm_mode == "usalign" else None)
         clock("tm_s")
         if "gdtts" in metrics or "gdtha" in metrics:  # OpenStructure's GDT, not the TMscore program's
             ts, ha = gdt_windows(stack, ref_s, mapping=rp, device=device)
@@ -693,7 +718,7 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
 
 
 def score_complex(models, reference, *, metrics=METRICS, chain_mapping="auto", min_identity: float = 30.0,
-                  device: str = "auto"):
+                  device: str = "auto", tm_mode: str = "usalign"):
     """Score model complexes against a reference complex: one row per model.
 
     Parameters
@@ -714,6 +739,11 @@ def score_complex(models, reference, *, metrics=METRICS, chain_mapping="auto", m
         Where lDDT, TM-score/GDT/RMSD and the DockQ superpositions run. Models of one atom table and
         one mapping are scored in one batched call per metric (on the GPU: one kernel launch each); the
         chain mapping, QS-score and the DockQ contacts are counted on the CPU.
+    tm_mode : {"usalign", "usalign-auto", "mapped"}
+        ``tm_score`` as OpenStructure's Scorer: US-align's complex mode (MM-align: residues aligned by
+        structure, CPU) with the chain mapping fixed to protgpu's ("usalign", OpenStructure's ``oum``) or
+        chosen by MM-align ("usalign-auto"); or "mapped": the TMscore program's search on the
+        sequence-mapped residues (the GDT/RMSD search; fast, batched, on ``device``).
 
     Returns
     -------
@@ -738,7 +768,7 @@ def score_complex(models, reference, *, metrics=METRICS, chain_mapping="auto", m
     (0.559, 5.533, [('A', 'B')])
     """
     refuse_grad("pg.score_complex", models, reference)
-    ref = ComplexReference(reference, metrics)
+    ref = ComplexReference(reference, metrics, tm_mode)
     # bare arrays hold the reference's atoms as given: take them before cleaning
     frames = _model_frames(models, ref.raw)
     mapped = [map_model(s, ref, chain_mapping=chain_mapping, min_identity=min_identity) for s, _ in frames]

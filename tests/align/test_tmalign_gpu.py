@@ -120,6 +120,25 @@ def test_one_against_many_and_chunks(datasets, monkeypatch):
     assert_same(chunked, whole, tol=0.0)
 
 
+def test_workspace_cap_bounds_memory_and_changes_nothing(monkeypatch):
+    """A search-sized call holds at most WORKSPACE_BYTES of workspace (or WORKSPACE_PAIRS pairs' worth),
+    whatever the device budget: 40 pairs in chunks of 3 give the single chunk's results."""
+    from protgpu._memory import DevicePeak
+    from protgpu.align import gpu
+
+    query = _walk(11, 120)
+    entries = [_walk(100 + k, 60 + 7 * k) for k in range(40)]
+    whole = pg.tm_align(query, entries, device="gpu")
+    monkeypatch.setattr(gpu, "WORKSPACE_BYTES", 1)
+    monkeypatch.setattr(gpu, "WORKSPACE_PAIRS", 3)
+    stride = max(int(gpu.workspace_bytes([120], [60 + 7 * 39], w)[0]) for w in (1, 2, 4, 8))
+    with DevicePeak() as peak:
+        capped = pg.tm_align(query, entries, device="gpu")
+    assert_same(capped, whole, tol=0.0)
+    # the workspace of 3 pairs, plus inputs and outputs (~100 KB here)
+    assert peak.live <= 3 * stride + (1 << 20), (peak.live, stride)
+
+
 def test_a_thousand_residue_chain():
     long = _walk(5, 1000)
     short = _walk(6, 150)

@@ -135,7 +135,8 @@ def test_loaded_design_reports_its_steps_and_ships_without_caches(tmp_path, eud,
     clone = pickle.loads(pickle.dumps(job))
     assert clone._sanity == {} and clone.reference._tables == {} and clone.reference._lddt == {}
     rows = [r for res in job.compute(items) for r in res.rows]
-    one = pg.score_complex(pg.load(tmp_path / noisy[1].source), eud[1], device="cpu")
+    # (evaluate's tm_score is the mapped one: ComplexReference's default tm_mode)
+    one = pg.score_complex(pg.load(tmp_path / noisy[1].source), eud[1], device="cpu", tm_mode="mapped")
     # (a batch of two against one model alone: the batched superposition agrees to rounding, as in
     # test_evaluate's test_batched_equals_one_by_one)
     for col in ("lddt", "ilddt", "tm_score", "qs_global", "dockq"):

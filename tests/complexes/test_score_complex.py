@@ -20,8 +20,6 @@ NOT_YET = {
     "lddt": "0.538: OpenStructure first removes atoms with stereochemical problems (clashes, bonds and "
             "angles > 12 sd) from model and target (stereochecks); protgpu has no stereocheck yet",
     "ilddt": "0.280: the same stereochecks as lddt",
-    "tm_score": "0.712: US-align's complex mode finds its own residue alignment (TM-align search); "
-                "protgpu scores the sequence-mapped residues with TM-score's superposition search",
 }
 
 
