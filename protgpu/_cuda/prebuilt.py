@@ -72,6 +72,7 @@ def default_configs() -> list[tuple[str, dict, bool]]:
     from ..align import gpu as tmalign_gpu
     from ..attention import flash, flash_backward
     from ..distances import _ROWS_PER_BLOCK
+    from ..scoring.gdt_windows import _WARPS as GW_WARPS
     from ..scoring.lddt import _WARPS as LDDT_WARPS  # (the package's names lddt and tm_score are functions)
     from ..scoring.tmscore import _TM_EVAL_STORAGE, _TM_WARPS
     from ..superpose.kernels import qcp_defines
@@ -84,6 +85,7 @@ def default_configs() -> list[tuple[str, dict, bool]]:
         ("qcp_backward", {}, False),  # rmsd / superpose gradients (superpose/differentiable.py)
         ("tmscore", {"TM_WARPS": _TM_WARPS, "TM_EVAL_STORAGE": _TM_EVAL_STORAGE}, False),
         ("lddt", {"LDDT_WARPS": LDDT_WARPS}, False),
+        ("gdt_windows", {"GW_WARPS": GW_WARPS}, False),  # OpenStructure's GDT (score_complex)
         ("consensus", {}, False),
         ("tmalign", tmalign_gpu.defines(), False),
         ("attention", {}, False),  # bias_softmax_*

@@ -1,13 +1,15 @@
 """Scores of a model complex against a reference complex, on the residues a chain mapping pairs.
 
 What exists in protgpu is reused on the mapped residues (the mapping's residue pairs are the explicit
-``mapping=`` of those functions): lDDT and backbone (CA) lDDT are :func:`protgpu.lddt`; GDT-TS/HA
-and the CA RMSD are :func:`protgpu.tm_score`; TM-score is US-align's complex mode
-(:mod:`protgpu.align.complex_mode`, normalised by the reference's total length), or that search on the
-mapped residues (``tm_mode="mapped"``); the interface lDDT is lDDT's own NumPy twin on the inter-chain
-pairs only; superpositions are :func:`protgpu.superpose`. New here: QS-score (Bertoni et al. 2017, as
-OpenStructure's ``QSScorer``) and DockQ (Basu & Wallner 2016; the v2 aggregate of Mirabello & Wallner
-2024). Definitions, and what reproduces OpenStructure, are in docs/design/complexes.md.
+``mapping=`` of those functions): lDDT and backbone (CA) lDDT are :func:`protgpu.lddt`; the CA RMSD
+is :func:`protgpu.tm_score`; GDT-TS/HA are OpenStructure's window search
+(:mod:`protgpu.scoring.gdt_windows`, normalised by the reference's total length); TM-score is
+US-align's complex mode (:mod:`protgpu.align.complex_mode`, normalised by the reference's total
+length), or the TMscore program's search on the mapped residues (``tm_mode="mapped"``); the interface
+lDDT is lDDT's own NumPy twin on the inter-chain pairs only; superpositions are
+:func:`protgpu.superpose`. New here: QS-score (Bertoni et al. 2017, as OpenStructure's ``QSScorer``)
+and DockQ (Basu & Wallner 2016; the v2 aggregate of Mirabello & Wallner 2024). Definitions, and what
+reproduces OpenStructure, are in docs/design/complexes.md.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from .._inputs import source_name
 from ..align.complex_mode import complex_tm
 from ..errors import InputError
 from ..scoring import _mapping as mp
+from ..scoring.gdt_windows import gdt_windows
 from ..scoring.lddt import lddt_counts_numpy, lddt_scores
 from ..scoring.tmscore import tm_score
 from ..structure import Structure
@@ -686,7 +689,7 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
     (:func:`host_scores`; ``host`` holds them when a caller counted them already, one dict per model).
     ``keys``: each model's :func:`group_key` when a caller has them (a parse worker computed them).
     ``timers``: a dict that the seconds of each step are added to (``stack_s``, ``lddt_s``, ``tm_s``,
-    ``dockq_rmsd_s``; the results are on the host at the end of each, so GPU time is included).
+    ``gdt_s``, ``dockq_rmsd_s``; the results are on the host at the end of each, so GPU time is included).
     """
     metrics = ref.metrics
     m = len(structures)
@@ -702,7 +705,7 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
             table[p] = np.full((m, len(ifaces)), np.nan)
         for p in ("fnat", "fnonnat", "nnat", "nmdl"):
             table[p] = np.asarray([h[p] for h in host], np.float64).reshape(m, len(ifaces))
-    want_tm = any(k in metrics for k in ("tm_score", "gdtts", "gdtha", "rmsd"))
+    want_tm = any(k in metrics for k in ("tm_score", "rmsd"))
     groups: dict = {}
     seen: dict = {}  # (atom table, mapping) objects already keyed: the frames of one input share them
     for k, (s, cm) in enumerate(zip(structures, mappings, strict=True)):
@@ -733,12 +736,18 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
         clock("lddt_s")
         if want_tm:
             t = tm_score(stack, ref_s, mapping=rp, device=device)
-            for col, v in (("tm_score", t.tm), ("gdtts", t.gdt_ts), ("gdtha", t.gdt_ha), ("rmsd", t.rmsd)):
+            for col, v in (("tm_score", t.tm), ("rmsd", t.rmsd)):
                 if col in metrics:
                     table[col][idx] = _host(v)
             if "tm_score" in metrics and ref.tm_mode != "mapped":
                 table["tm_score"][idx] = complex_tm(xs, first, ref_s, cm.chains if ref.tm_mode == "usalign" else None)
         clock("tm_s")
+        if "gdtts" in metrics or "gdtha" in metrics:  # OpenStructure's GDT, not the TMscore program's
+            ts, ha = gdt_windows(stack, ref_s, mapping=rp, device=device)
+            for col, v in (("gdtts", ts), ("gdtha", ha)):
+                if col in metrics:
+                    table[col][idx] = v
+        clock("gdt_s")
         if "dockq" in metrics:
             total = np.zeros(len(idx))
             for i, (a, b) in enumerate(ifaces):

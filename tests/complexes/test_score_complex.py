@@ -15,14 +15,6 @@ OST = {"lddt": 0.539, "bb_lddt": 0.622, "ilddt": 0.282, "gdtts": 0.616, "gdtha":
        "tm_score": 0.711, "qs_global": 0.321, "qs_best": 0.932, "dockq": 0.559, "fnat": 0.279,
        "irmsd": 0.988, "lrmsd": 5.533}
 
-# Values protgpu does not yet reproduce to 3 decimals: what it measures, and why.
-NOT_YET = {
-    "gdtts": "0.614: OpenStructure's GDT searches superpositions from LGA-like windows (7, 9, 12, 24, "
-             "48 residues); protgpu's is the TMscore program's search",
-    "gdtha": "0.470: as gdtts",
-}
-
-
 @pytest.fixture(scope="module")
 def eud_table(datasets):
     d = datasets / "openstructure"
@@ -34,17 +26,9 @@ def _value(table, name):
     return float(v[0, 0] if v.ndim == 2 else v[0])
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(reason=NOT_YET[n], strict=True)) if n in NOT_YET else n
-    for n in OST])
+@pytest.mark.parametrize("name", list(OST))
 def test_1eud_reproduces_openstructure(eud_table, name):
     assert round(_value(eud_table, name), 3) == pytest.approx(OST[name], abs=1e-9)
-
-
-def test_1eud_close_where_not_exact(eud_table):
-    """The values still off by a few thousandths stay within that."""
-    for name in NOT_YET:
-        assert _value(eud_table, name) == pytest.approx(OST[name], abs=0.004)
 
 
 def test_1eud_interface_counts(eud_table):
