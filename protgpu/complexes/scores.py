@@ -28,16 +28,18 @@ from ..scoring.lddt import lddt_counts_numpy, lddt_scores
 from ..scoring.tmscore import tm_score
 from ..structure import Structure
 from ..superpose import superpose
+from ._atoms import BACKBONE, atom_table, heavy_atoms, representative_atoms  # noqa: F401  (were defined here)
 from ._cleanup import clean, clean_keep
 from ._contacts import (
     _contact_atoms,
     _contact_pairs,  # noqa: F401  (was defined here: tests and callers import it from here)
     _contacts,
     _near,
-    _pairs_below,
+    _pairs_below,  # noqa: F401  (tests import it from here)
     _residue_pairs,
 )
 from .mapping import MAX_NAIVE, ChainMapping, _map, model_structure, protein_chains, reference_structure
+from .qs import QS_CONTACT, _qs_reps, _QSChains, qs_score  # noqa: F401  (were defined here)
 from .stereo import stereo_drop
 
 # qs_score and dockq (one mapped model, one interface) stay importable by name for tests; not public API
@@ -46,179 +48,12 @@ __all__ = ["METRICS", "score_complex"]
 #: Every metric :func:`score_complex` computes, in its column order.
 METRICS = ("lddt", "bb_lddt", "ilddt", "tm_score", "gdtts", "gdtha", "rmsd", "qs_global", "qs_best", "dockq")
 
-QS_CONTACT = 12.0  # Angstrom, CB-CB (CA for GLY) inter-chain contact of QS-score
 DOCKQ_CONTACT = 5.0  # Angstrom, heavy-atom contact of fnat
 DOCKQ_INTERFACE = 10.0  # Angstrom, interface residues of iRMSD
 #: ``tm_score`` modes: "usalign" - US-align's complex mode (MM-align, as OpenStructure) on protgpu's chain
 #: mapping (OpenStructure's ``oum``); "usalign-auto" - MM-align assigning chains itself (OpenStructure's
 #: default); "mapped" - the TMscore program's search on the mapped residues (docs/design/complexes.md).
 TM_MODES = ("usalign", "usalign-auto", "mapped")
-BACKBONE = ("CA", "C", "N", "O")
-
-
-# --------------------------------------------------------------------------------------------------
-# Atoms of residues
-
-
-def atom_table(info: mp.ResidueInfo, residues: np.ndarray, names) -> np.ndarray:
-    """Atom index of each (residue, name), -1 where the residue lacks it; shape (len(residues), len(names))."""
-    out = np.full((len(residues), len(names)), -1, dtype=np.int64)
-    pos = np.full(len(info.resid), -1, dtype=np.int64)
-    pos[residues] = np.arange(len(residues))
-    for k, name in enumerate(names):
-        at = np.flatnonzero(info.atom_name == name)
-        row = pos[info.atom_residue[at]]
-        ok = row >= 0
-        out[row[ok][::-1], k] = at[ok][::-1]  # first atom of that name wins
-    return out
-
-
-def representative_atoms(info: mp.ResidueInfo, residues: np.ndarray) -> np.ndarray:
-    """CB of each residue, CA for glycine (QS-score's representative atom); -1 where missing."""
-    t = atom_table(info, residues, ("CB", "CA"))
-    gly = info.std_resname[residues] == "GLY"
-    return np.where(gly, t[:, 1], t[:, 0])
-
-
-def heavy_atoms(s, info: mp.ResidueInfo, residues: np.ndarray) -> np.ndarray:
-    """Heavy atoms of the given residues."""
-    keep = ~np.isin(s.atoms.element, ("H", "D", "h", "d")) & np.isin(info.atom_residue, residues)
-    return np.flatnonzero(keep)
-
-
-# --------------------------------------------------------------------------------------------------
-# QS-score
-
-
-def _w(d: np.ndarray) -> np.ndarray:
-    # probability that two residues interact given their CB distance (Xu et al. 2009)
-    return np.where(d <= 5.0, 1.0, np.exp(-2.0 * ((d - 5.0) / 4.28) ** 2))
-
-
-class _QSChains:
-    """Representative positions of one structure's protein chains (residues without the atom dropped)."""
-
-    def __init__(self, s, info, chains: dict, reps: dict | None = None):
-        xyz = np.asarray(s.coords[0], dtype=np.float64)
-        self.res, self.pos, self._contacts = {}, {}, {}
-        reps = _qs_reps(info, chains) if reps is None else reps
-        for c, (res, rep) in reps.items():
-            self.res[c] = res
-            self.pos[c] = xyz[rep]
-        names = list(chains)
-        self.interfaces = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
-                           if len(self.contacts(a, b)[0])]
-
-    def contacts(self, a, b) -> tuple[np.ndarray, np.ndarray]:
-        """The representative-atom pairs of chains a and b closer than :data:`QS_CONTACT`: their cells
-        ``row * len(b) + column`` of the (a, b) distance matrix in row-major order, int64 (K,), and
-        their distances (K,), Angstrom (those of the full matrix, bit for bit: :func:`_pairs_below`).
-        Computed once: the reference's serve every model, a model's both the interface search and the
-        scores."""
-        if (a, b) not in self._contacts:
-            pa, pb = self.pos[a], self.pos[b]
-            i, j, d = _pairs_below(pa, pb, QS_CONTACT)
-            self._contacts[a, b] = (i * len(pb) + j, d)
-        return self._contacts[a, b]
-
-
-def _qs_reps(info, chains: dict) -> dict:
-    """Chain -> (residues that have a representative atom, its atom index): per atom table."""
-    out = {}
-    for c, res in chains.items():
-        rep = representative_atoms(info, res)
-        out[c] = (res[rep >= 0], rep[rep >= 0])
-    return out
-
-
-def _positions(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """Index of each of ``keys`` in ``values`` (distinct non-negative integers), -1 where absent."""
-    size = int(max(values.max(initial=-1), keys.max(initial=-1))) + 1
-    pos = np.full(size, -1, np.int64)
-    pos[values] = np.arange(len(values))
-    return pos[keys]
-
-
-def _qs_pairs(ref: _QSChains, mdl: _QSChains, r_int, m_int, mapping: ChainMapping) -> list:
-    """Per chain of the interface: (reference position, model position) rows, shape (K, 2), of the mapped
-    residues both structures have a representative atom for, in the mapping's order."""
-    idx = []
-    for rc, mc in zip(r_int, m_int, strict=True):
-        pairs = mapping.residues.get(rc, np.zeros((0, 2), np.int64))
-        rp, mpos = _positions(ref.res[rc], pairs[:, 1]), _positions(mdl.res[mc], pairs[:, 0])
-        ok = (rp >= 0) & (mpos >= 0)
-        idx.append(np.stack([rp[ok], mpos[ok]], axis=1))
-    return idx
-
-
-def _qs_interface(ref: _QSChains, mdl: _QSChains, r_int, m_int, mapping: ChainMapping, memo: dict | None = None):
-    """(weighted_scores, weight_sum, weight_extra_mapped, weight_extra_all) of one mapped interface.
-    ``memo``: a dict kept per model atom table and mapping (the residue pairs are the same for all its
-    models).
-
-    On the contacts only (:meth:`_QSChains.contacts`), not the full distance matrices: each contact's
-    cell in the grid of mapped residue pairs (rows: chain 1's mapped residues, columns: chain 2's, in the
-    mapping's order); a contact is shared when both structures have one in that grid cell. Every sum
-    runs over the same values in the same order as on the full matrices (shared contacts in grid order,
-    the others in their matrix's row-major order): the same result, bit for bit."""
-    if memo is None:
-        idx = _qs_pairs(ref, mdl, r_int, m_int, mapping)
-    else:
-        key = ("qs", r_int, m_int)
-        if key not in memo:
-            memo[key] = _qs_pairs(ref, mdl, r_int, m_int, mapping)
-        idx = memo[key]
-    (a1, a2), (b1, b2) = idx[0].T, idx[1].T
-    ncol = len(b1)
-
-    def grid(s: _QSChains, chains, rows, cols):
-        # (grid cell of each contact, -1 off the grid; distances)
-        code, d = s.contacts(*chains)
-        n_b = len(s.pos[chains[1]])
-        p, q = _positions(rows, code // n_b), _positions(cols, code % n_b)
-        return np.where((p >= 0) & (q >= 0), p * ncol + q, -1), d
-
-    g1, d1 = grid(ref, r_int, a1, b1)
-    g2, d2 = grid(mdl, m_int, a2, b2)
-    on1, on2 = g1[g1 >= 0], g2[g2 >= 0]
-    shared1 = (g1 >= 0) & np.isin(g1, on2)
-    shared2 = (g2 >= 0) & np.isin(g2, on1)
-    # the shared contacts in grid order in both structures (the grid cells are distinct)
-    s1 = d1[shared1][np.argsort(g1[shared1])]
-    s2 = d2[shared2][np.argsort(g2[shared2])]
-    w = _w(np.minimum(s1, s2))
-    weighted = float((w * (1.0 - np.abs(s1 - s2) / 12.0)).sum())
-    wsum = float(w.sum())
-    extra_mapped = float(_w(d1[(g1 >= 0) & ~shared1]).sum() + _w(d2[(g2 >= 0) & ~shared2]).sum())
-    extra_all = float(_w(d1[~shared1]).sum() + _w(d2[~shared2]).sum())
-    return weighted, wsum, extra_mapped, extra_all
-
-
-def qs_score(ref: _QSChains, mdl: _QSChains, mapping: ChainMapping, memo: dict | None = None) -> tuple[float, float]:
-    """QS_global and QS_best of a mapped model (NaN when neither structure has an inter-chain contact);
-    ``memo`` as :func:`_qs_interface`."""
-    flat = mapping.chains
-    back = {m: r for r, m in flat.items()}
-    tot = np.zeros(4)
-    done = set()
-    for r_int in ref.interfaces:
-        if r_int[0] in flat and r_int[1] in flat:
-            m_int = (flat[r_int[0]], flat[r_int[1]])
-            tot += _qs_interface(ref, mdl, r_int, m_int, mapping, memo)
-            done.add(frozenset(m_int))
-        else:
-            tot[3] += _w(ref.contacts(*r_int)[1]).sum()
-    for m_int in mdl.interfaces:
-        if frozenset(m_int) in done:
-            continue
-        if m_int[0] in back and m_int[1] in back:
-            tot += _qs_interface(ref, mdl, (back[m_int[0]], back[m_int[1]]), m_int, mapping, memo)
-        else:
-            tot[3] += _w(mdl.contacts(*m_int)[1]).sum()
-    weighted, wsum, extra_mapped, extra_all = tot
-    glob = weighted / (wsum + extra_all) if wsum + extra_all > 0 else float("nan")
-    best = weighted / (wsum + extra_mapped) if wsum + extra_mapped > 0 else float("nan")
-    return float(glob), float(best)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -148,7 +148,7 @@ class StereoTopology:
 
 
 def _build(s) -> StereoTopology:
-    from .scores import atom_table  # (scores imports this module)
+    from ._atoms import atom_table
 
     p = stereo_params()
     info = mp.residue_info(s)

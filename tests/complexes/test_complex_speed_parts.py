@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import protgpu as pg
 from protgpu.batch.jobs.evaluate import EvaluateJob
+from protgpu.complexes import qs
 from protgpu.complexes import sanity as sa
 from protgpu.complexes import scores as sc
 
@@ -140,7 +141,7 @@ def test_contact_atoms_are_every_atom_pair_within_the_cutoff(search_path, seed, 
 # QS-score on the contacts against QS-score on the full matrices
 
 
-def _full_dist(q: sc._QSChains, a, b) -> np.ndarray:
+def _full_dist(q: qs._QSChains, a, b) -> np.ndarray:
     pa, pb = q.pos[a], q.pos[b]
     return np.sqrt(((pa[:, None, :] - pb[None, :, :]) ** 2).sum(-1))
 
@@ -148,9 +149,9 @@ def _full_dist(q: sc._QSChains, a, b) -> np.ndarray:
 def _qs_interface_full(ref, mdl, r_int, m_int, mapping):
     """QS-score's interface sums as they were computed on the full distance matrices."""
     d1, d2 = _full_dist(ref, *r_int), _full_dist(mdl, *m_int)
-    idx = sc._qs_pairs(ref, mdl, r_int, m_int, mapping)
+    idx = qs._qs_pairs(ref, mdl, r_int, m_int, mapping)
     (a1, a2), (b1, b2) = idx[0].T, idx[1].T
-    c1, c2 = d1 < sc.QS_CONTACT, d2 < sc.QS_CONTACT
+    c1, c2 = d1 < qs.QS_CONTACT, d2 < qs.QS_CONTACT
     shared1, shared2 = np.zeros(d1.shape, bool), np.zeros(d2.shape, bool)
     mapped1, mapped2 = np.zeros(d1.shape, bool), np.zeros(d2.shape, bool)
     s1 = s2 = np.zeros(0)
@@ -161,10 +162,10 @@ def _qs_interface_full(ref, mdl, r_int, m_int, mapping):
         mapped1[g1] = c1[g1] & ~shared
         mapped2[g2] = c2[g2] & ~shared
         s1, s2 = d1[g1][shared], d2[g2][shared]
-    w = sc._w(np.minimum(s1, s2))
+    w = qs._w(np.minimum(s1, s2))
     return (float((w * (1.0 - np.abs(s1 - s2) / 12.0)).sum()), float(w.sum()),
-            float(sc._w(d1[mapped1]).sum() + sc._w(d2[mapped2]).sum()),
-            float(sc._w(d1[c1 & ~shared1]).sum() + sc._w(d2[c2 & ~shared2]).sum()))
+            float(qs._w(d1[mapped1]).sum() + qs._w(d2[mapped2]).sum()),
+            float(qs._w(d1[c1 & ~shared1]).sum() + qs._w(d2[c2 & ~shared2]).sum()))
 
 
 @pytest.mark.parametrize("scale", [0.0, 0.7, 3.0])
@@ -173,19 +174,19 @@ def test_qs_interface_on_contacts_equals_the_full_matrices(eud, scale):
     for s in _noisy(eud[0], 3, scale, seed=int(10 * scale)):
         cs, cm = sc.map_model(s, ref)
         info = sc.mp.residue_info(cs)
-        mdl = sc._QSChains(cs, info, sc.protein_chains(info))
+        mdl = qs._QSChains(cs, info, sc.protein_chains(info))
         names = list(sc.protein_chains(info))
         assert len(names) == 2
         assert mdl.interfaces == [tuple(names)] == [
-            (a, b) for i, a in enumerate(names) for b in names[i + 1:] if (_full_dist(mdl, a, b) < sc.QS_CONTACT).any()]
+            (a, b) for i, a in enumerate(names) for b in names[i + 1:] if (_full_dist(mdl, a, b) < qs.QS_CONTACT).any()]
         code, d = mdl.contacts(*names)
         full = _full_dist(mdl, *names)
-        np.testing.assert_array_equal(code, np.flatnonzero(full < sc.QS_CONTACT))
-        np.testing.assert_array_equal(d, full[full < sc.QS_CONTACT])
+        np.testing.assert_array_equal(code, np.flatnonzero(full < qs.QS_CONTACT))
+        np.testing.assert_array_equal(d, full[full < qs.QS_CONTACT])
         for r_int in ref.qs.interfaces:
             if r_int[0] in cm.chains and r_int[1] in cm.chains:
                 m_int = (cm.chains[r_int[0]], cm.chains[r_int[1]])
-                assert sc._qs_interface(ref.qs, mdl, r_int, m_int, cm) == _qs_interface_full(ref.qs, mdl, r_int,
+                assert qs._qs_interface(ref.qs, mdl, r_int, m_int, cm) == _qs_interface_full(ref.qs, mdl, r_int,
                                                                                               m_int, cm)
 
 
@@ -196,10 +197,10 @@ def test_qs_interface_of_a_partial_mapping_equals_the_full_matrices(eud):
     ref = sc.ComplexReference(eud[1])
     cs, cm = sc.map_model(_noisy(eud[0], 1, 1.0, seed=3)[0], ref)
     info = sc.mp.residue_info(cs)
-    mdl = sc._QSChains(cs, info, sc.protein_chains(info))
+    mdl = qs._QSChains(cs, info, sc.protein_chains(info))
     for keep in (slice(None, None, 2), slice(0, 0)):
         part = replace(cm, residues={**cm.residues, "B": cm.residues["B"][keep]})
-        assert sc._qs_interface(ref.qs, mdl, ("A", "B"), ("A", "B"), part) == _qs_interface_full(
+        assert qs._qs_interface(ref.qs, mdl, ("A", "B"), ("A", "B"), part) == _qs_interface_full(
             ref.qs, mdl, ("A", "B"), ("A", "B"), part)
 
 
