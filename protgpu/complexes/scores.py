@@ -472,10 +472,13 @@ def host_scores(structure, mapping: ChainMapping, ref: ComplexReference, table: 
     on the atom table and mapping only. ``found``: the model's inter-chain atom contacts from its
     design-sanity metrics (``sanity_of(..., found=)``, on the model before its clean-up), which DockQ's
     contacts reuse where they are the same search (with ``table`` only). With the reference's stereochecks
-    also ``stereo_drop``: the model's atoms they remove (:func:`protgpu.complexes.stereo.stereo_drop`)."""
+    also ``stereo_drop``: the model's atoms they remove (:func:`protgpu.complexes.stereo.stereo_drop`);
+    with ``tm_mode`` other than "mapped", ``tm_score``: US-align's complex mode, CPU-bound like the rest."""
     out: dict = {}
     if ref.stereochecks:
         out["stereo_drop"] = stereo_drop(structure, key=table.key if table is not None else None)
+    if "tm_score" in ref.metrics and ref.tm_mode != "mapped":  # US-align's complex mode: ~0.4 s, CPU
+        out["tm_score"] = _complex_tm(np.asarray(structure.coords[:1]), structure, ref, mapping)[0]
     memo = table.memo_of(mapping) if table is not None else {}
     if ref.qs is not None:
         if "qs_chains" not in memo:
@@ -495,6 +498,12 @@ def host_scores(structure, mapping: ChainMapping, ref: ComplexReference, table: 
                     parts[p][i] = v
         out.update(parts)
     return out
+
+
+def _complex_tm(xs: np.ndarray, model_s, ref: ComplexReference, cm: ChainMapping) -> np.ndarray:
+    """US-align's complex-mode TM-score (M,) of the frames ``xs`` (M, N, 3) of ``model_s`` in
+    ``ref.tm_mode``: the chain mapping fixed ("usalign") or MM-align's own ("usalign-auto")."""
+    return complex_tm(xs, model_s, ref.structure, cm.chains if ref.tm_mode == "usalign" else None)
 
 
 class _Clock:
@@ -575,7 +584,12 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
                 if col in metrics:
                     table[col][idx] = _host(v)
             if "tm_score" in metrics and ref.tm_mode != "mapped":
-                table["tm_score"][idx] = complex_tm(xs, first, ref_s, cm.chains if ref.tm_mode == "usalign" else None)
+                # counted with the other host parts (in evaluate's parse workers, in parallel)
+                tms = np.array([host[k].get("tm_score", np.nan) for k in idx], np.float64)
+                todo = np.flatnonzero(np.isnan(tms))  # host parts counted for another reference's modes
+                if len(todo):
+                    tms[todo] = _complex_tm(xs[todo], first, ref, cm)
+                table["tm_score"][idx] = tms
         clock("tm_s")
         if "gdtts" in metrics or "gdtha" in metrics:  # OpenStructure's GDT, not the TMscore program's
             ts, ha = gdt_windows(stack, ref_s, mapping=rp, device=device)
