@@ -20,13 +20,14 @@ OXT and the C-N distance lies within [0.25, sqrt(6)/4] times the summed atom rad
 depend on residue i+1: glycine, proline (cis when |omega| < 1.57 rad, trans else) or any other.
 
 The parameters are the data file ``stereo_params.txt`` next to this module (its header says where each
-number comes from). protgpu's ideal values are Engh & Huber's (2001) table; OpenStructure 2.4 and later
-read CCP4's monomer library (values derived from the same data, updated since): at 12 standard
-deviations the two differ only for bonds and angles already far off. Nucleotides are not checked.
+number comes from): the CCP4 Monomer Library's ideal values, the source OpenStructure 2.4+ derives its
+stereo data from (Engh & Huber's values updated since; on 1eud only those give OpenStructure's
+numbers). Nucleotides are not checked.
 
-Per model the cost is a few vectorised NumPy passes over the template's bonds and angles and one
-cell-list search for pairs closer than 2.1 A (:func:`protgpu.complexes._contacts.clash_candidates`);
-what depends on the atom table only (:class:`StereoTopology`) is built once per table.
+Per model the cost is one compiled pass over the template's bonds, angles and peptide links and one
+cell-list search for pairs closer than the largest clash distance (:func:`_clash_loop`; numba), with
+vectorised NumPy code and the k-d tree of :func:`protgpu.complexes._contacts.clash_candidates` as
+their twin; what depends on the atom table only (:class:`StereoTopology`) is built once per table.
 """
 
 from __future__ import annotations
