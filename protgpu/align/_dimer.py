@@ -22,17 +22,16 @@ import numpy as np
 
 from ..scoring import _fast as _sf
 from . import _fast
-from ._dp import ss_scores_matrix, tm_scores_matrix, transform
+from ._dp import ss_scores_matrix, transform
 from ._search import fast_scores, tm_search
 from .numpy_twin import (
-    _fragment_fits,
-    _fragment_maps,
-    _jump,
     best_last,
     d0_final,
     detailed_search,
-    max_fragment,
+    initial_fragment_threading,
+    initial_local,
     pairs_of,
+    refine,
     search_parameters,
     threading_maps,
 )
@@ -144,57 +143,9 @@ def nw_masked(score, mask, gap: float) -> np.ndarray:
     return j2i
 
 
-def _refine(x, y, rot, trans, p, mask, gaps=(-0.6, 0.0), max_iter: int = 30):
-    """US-align's ``DP_iter_dimer``: :func:`numpy_twin.refine` with the masked DP."""
-    best, best_map, old = -1.0, None, 0.0
-    for gap in gaps:
-        for it in range(max_iter):
-            y2x = nw_masked(tm_scores_matrix(x, y, rot[None], trans[None], p.d0)[0], mask, gap)
-            score, rot, trans = detailed_search(x, y, y2x, p)
-            if score > best + _fast._TIE:  # the twin's tie rule (numpy_twin.refine)
-                best, best_map = score, y2x
-            if it > 0 and abs(old - score) < 1e-6:
-                break
-            old = score
-    return best, best_map, rot, trans
-
-
-def _local(x, y, p, mask, fast: bool):
-    """US-align's ``get_initial5_dimer``: :func:`numpy_twin.initial_local` with the masked DP (jumps x5
-    with ``fast``)."""
-    l1, l2 = len(x), len(y)
-    k = 5 if fast else 1
-    jump1, jump2 = _jump(l1) * k, _jump(l2) * k
-    al = min(l1, l2)
-    part = [(nf, i, j) for nf in (min(20, al // 3), min(100, al // 2))
-            for i in range(0, l1 - nf + 1, jump1) for j in range(0, l2 - nf + 1, jump2)]
-    if not part:
-        return None
-    rot, trans = _fragment_fits(x, y, part)
-    maps = np.stack([nw_masked(tm_scores_matrix(x, y, rot[c:c + 1], trans[c:c + 1], p.d0 + 1.5)[0], mask, 0.0)
-                     for c in range(len(part))])
-    sc = fast_scores(x, y, maps, d0=p.d0, d0_search=p.d0_search)
-    c = int(np.argmax(sc))  # first strict maximum, above 0
-    return maps[c] if sc[c] > 0 else None
-
-
-def _fragment_threading(x, y, p, fast: bool):
-    """:func:`numpy_twin.initial_fragment_threading`, with every 3rd offset on the mobile side when
-    ``fast`` (US-align's ``get_initial_fgt``)."""
-    l1, l2 = len(x), len(y)
-    xs, xe = max_fragment(x, p.dcu0)
-    ys, ye = max_fragment(y, p.dcu0)
-    lx, ly = xe - xs + 1, ye - ys + 1
-    if lx == ly and l1 == l2:
-        maps = np.concatenate([_fragment_maps(l1, l2, np.arange(xs, xs + lx), True, l1),
-                               _fragment_maps(l1, l2, np.arange(ys, ys + ly), False, l1)])
-    else:
-        on_x = lx < ly or (lx == ly and l1 < l2)
-        frag = np.arange(xs, xs + min(lx, ly)) if on_x else np.arange(ys, ys + min(lx, ly))
-        maps = _fragment_maps(l1, l2, frag, on_x, min(l1, l2))
-        if fast and on_x:
-            maps = maps[::3]
-    return maps[best_last(fast_scores(x, y, maps, d0=p.d0, d0_search=p.d0_search))]
+def _masked_dp(mask):
+    """:func:`nw_masked` as the twin's stages call their DP: scores (C, L1, L2), gap -> y2x (C, L2)."""
+    return lambda scores, gap: np.stack([nw_masked(sc, mask, gap) for sc in scores])
 
 
 def dimer_align(x, y, sec_x: str, sec_y: str, mask, given, l_norm: float, fast: bool):
@@ -230,6 +181,8 @@ def dimer_align(x, y, sec_x: str, sec_y: str, mask, given, l_norm: float, fast: 
     rounds = 2 if fast else 30
     tm_max, best = -1.0, np.full(l2, -1, dtype=np.int64)
 
+    dp = _masked_dp(mask)
+
     def keep(score, y2x):
         nonlocal tm_max, best
         if score > tm_max + _fast._TIE:
@@ -240,22 +193,22 @@ def dimer_align(x, y, sec_x: str, sec_y: str, mask, given, l_norm: float, fast: 
     y2x = maps[best_last(fast_scores(x, y, maps, d0=p.d0, d0_search=p.d0_search))]
     score, rot, trans = detailed_search(x, y, y2x, p)
     keep(score, y2x)
-    score, y2x, rot, trans = _refine(x, y, rot, trans, p, mask, max_iter=rounds)
+    score, y2x, rot, trans = refine(x, y, rot, trans, p, dp=dp, max_iter=rounds)
     keep(score, y2x)
     # 2. secondary structure, masked, gap -1
     y2x = nw_masked(ss_scores_matrix(sec_x, sec_y), mask, -1.0)
     score, rot, trans = detailed_search(x, y, y2x, p)
     keep(score, y2x)
     if score > tm_max * 0.2:
-        score, y2x, rot, trans = _refine(x, y, rot, trans, p, mask, max_iter=rounds)
+        score, y2x, rot, trans = refine(x, y, rot, trans, p, dp=dp, max_iter=rounds)
         keep(score, y2x)
     # 3. local fragment superposition, masked
-    y2x = _local(x, y, p, mask, fast)
+    y2x = initial_local(x, y, p, dp=dp, jump_factor=5 if fast else 1)
     if y2x is not None:
         score, rot, trans = detailed_search(x, y, y2x, p)
         keep(score, y2x)
         if score > tm_max * ddcc:
-            score, y2x, rot, trans = _refine(x, y, rot, trans, p, mask, max_iter=2)
+            score, y2x, rot, trans = refine(x, y, rot, trans, p, dp=dp, max_iter=2)
             keep(score, y2x)
     # 4. US-align's dimer variant scores every cell FLT_MIN: the diagonal ending at (L1, L2)
     jj = np.arange(l2) + (l1 - l2)
@@ -263,19 +216,19 @@ def dimer_align(x, y, sec_x: str, sec_y: str, mask, given, l_norm: float, fast: 
     score, rot, trans = detailed_search(x, y, y2x, p)
     keep(score, y2x)
     if score > tm_max * ddcc:
-        score, y2x, rot, trans = _refine(x, y, rot, trans, p, mask, max_iter=rounds)
+        score, y2x, rot, trans = refine(x, y, rot, trans, p, dp=dp, max_iter=rounds)
         keep(score, y2x)
     # 5. fragment gapless threading
-    y2x = _fragment_threading(x, y, p, fast)
+    y2x = initial_fragment_threading(x, y, p, mobile_stride=3 if fast else 1)
     score, rot, trans = detailed_search(x, y, y2x, p)
     keep(score, y2x)
     if score > tm_max * ddcc:
-        score, y2x, rot, trans = _refine(x, y, rot, trans, p, mask, gaps=(0.0,), max_iter=2)
+        score, y2x, rot, trans = refine(x, y, rot, trans, p, dp=dp, gaps=(0.0,), max_iter=2)
         keep(score, y2x)
     # 6. the given alignment, then refined
     score, rot, trans = detailed_search(x, y, given, p)
     keep(score, given)
-    score, y2x, rot, trans = _refine(x, y, rot, trans, p, mask, max_iter=rounds)
+    score, y2x, rot, trans = refine(x, y, rot, trans, p, dp=dp, max_iter=rounds)
     keep(score, y2x)
     # final: pairs within score_d8 of the search's superposition, then the search with d0 of l_norm
     xa, ya, _, _ = pairs_of(x, y, best)

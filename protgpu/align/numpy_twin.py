@@ -110,13 +110,15 @@ def initial_ss(sec_x: str, sec_y: str) -> np.ndarray:
     return nw_align(ss_scores_matrix(sec_x, sec_y)[None], -1.0)[0]
 
 
-def initial_local(x, y, p: SearchParameters) -> np.ndarray | None:
+def initial_local(x, y, p: SearchParameters, *, dp=None, jump_factor: int = 1) -> np.ndarray | None:
     """Local fragment superposition: for fragment pairs (lengths min(20, L/3) and min(100, L/2), L =
-    min(L1, L2); starts every 15-45 residues by chain length), superpose the fragments, align by DP on
-    1 / (1 + d^2 / (d0 + 1.5)^2) with no gap penalty, and keep the alignment with the best quick score
-    (the first on ties; None when no score beats 0)."""
+    min(L1, L2); starts every 15-45 residues by chain length, times ``jump_factor``), superpose the
+    fragments, align by DP on 1 / (1 + d^2 / (d0 + 1.5)^2) with no gap penalty, and keep the alignment
+    with the best quick score (the first on ties; None when no score beats 0). ``dp(scores (C, L1, L2),
+    gap) -> y2x (C, L2)``: the DP (default :func:`nw_align`; the complex mode's masked one)."""
+    dp = nw_align if dp is None else dp
     l1, l2 = len(x), len(y)
-    jump1, jump2 = _jump(l1), _jump(l2)
+    jump1, jump2 = _jump(l1) * jump_factor, _jump(l2) * jump_factor
     al = min(l1, l2)
     cands = []
     for nf in (min(20, al // 3), min(100, al // 2)):
@@ -130,7 +132,7 @@ def initial_local(x, y, p: SearchParameters) -> np.ndarray | None:
     for c0 in range(0, len(cands), step):
         part = cands[c0:c0 + step]
         rot, trans = _fragment_fits(x, y, part)
-        maps = nw_align(tm_scores_matrix(x, y, rot, trans, d01), 0.0)
+        maps = dp(tm_scores_matrix(x, y, rot, trans, d01), 0.0)
         sc = fast_scores(x, y, maps, d0=p.d0, d0_search=p.d0_search)
         k = int(np.argmax(sc))  # first strict maximum
         if sc[k] > best:
@@ -199,10 +201,12 @@ def max_fragment(ca, dcu0: float) -> tuple[int, int]:
         cut2 = (1.1**inc * dcu0) ** 2
 
 
-def initial_fragment_threading(x, y, p: SearchParameters) -> np.ndarray:
+def initial_fragment_threading(x, y, p: SearchParameters, *, mobile_stride: int = 1) -> np.ndarray:
     """Fragment gapless threading: the longest continuous fragment of the chain whose fragment is
     shorter (trimmed to its 10-89% part when it is the whole shorter chain) slides along the other
-    chain; best quick score, the last on ties. Equal fragment and chain lengths try both chains."""
+    chain; best quick score, the last on ties. Equal fragment and chain lengths try both chains.
+    ``mobile_stride``: every so many offsets when the mobile chain's fragment slides (US-align's
+    ``-fast``: 3)."""
     l1, l2 = len(x), len(y)
     xs, xe = max_fragment(x, p.dcu0)
     ys, ye = max_fragment(y, p.dcu0)
@@ -214,7 +218,7 @@ def initial_fragment_threading(x, y, p: SearchParameters) -> np.ndarray:
     else:
         on_x = lx < ly or (lx == ly and l1 < l2)
         frag = np.arange(xs, xs + min(lx, ly)) if on_x else np.arange(ys, ys + min(lx, ly))
-        cands.append(_fragment_maps(l1, l2, frag, on_x, min(l1, l2)))
+        cands.append(_fragment_maps(l1, l2, frag, on_x, min(l1, l2))[::mobile_stride if on_x else 1])
     maps = np.concatenate(cands)
     return maps[best_last(fast_scores(x, y, maps, d0=p.d0, d0_search=p.d0_search))]
 
@@ -243,16 +247,17 @@ def detailed_search(x, y, y2x, p: SearchParameters, step: int = 40):
     return tm_search(xa, ya, d0=p.d0, d0_search=p.d0_search, norm=p.l_norm, step=step, score_d8=p.score_d8)
 
 
-def refine(x, y, rot, trans, p: SearchParameters, gaps=(-0.6, 0.0), max_iter: int = 30):
+def refine(x, y, rot, trans, p: SearchParameters, gaps=(-0.6, 0.0), max_iter: int = 30, *, dp=None):
     """Iterative refinement: DP on 1 / (1 + d^2 / d0^2) under the current superposition, then a TM-score
     search on the new alignment gives the next superposition; for each gap-opening penalty in turn,
     until the score changes by less than 1e-6 or ``max_iter`` rounds. Returns the best score, its
-    alignment and the last superposition."""
+    alignment and the last superposition. ``dp`` as :func:`initial_local`'s."""
+    dp = nw_align if dp is None else dp
     best, best_map = -1.0, None
     old = 0.0
     for gap in gaps:
         for it in range(max_iter):
-            y2x = nw_align(tm_scores_matrix(x, y, rot[None], trans[None], p.d0), gap)[0]
+            y2x = dp(tm_scores_matrix(x, y, rot[None], trans[None], p.d0), gap)[0]
             score, rot, trans = detailed_search(x, y, y2x, p)
             if score > best + _fast._TIE:  # an equal score is a tie: the first alignment stays, as TM-align
                 best, best_map = score, y2x
