@@ -26,8 +26,8 @@ from ._dp import ss_scores_matrix, transform
 from ._search import fast_scores, tm_search
 from .numpy_twin import (
     best_last,
-    d0_final,
     detailed_search,
+    final_search,
     initial_fragment_threading,
     initial_local,
     pairs_of,
@@ -236,6 +236,5 @@ def dimer_align(x, y, sec_x: str, sec_y: str, mask, given, l_norm: float, fast: 
                               score_d8=p.score_d8)
     diff = transform(xa, rot[None], trans[None])[0] - ya
     near = np.sqrt((diff[:, 0] * diff[:, 0] + diff[:, 1] * diff[:, 1]) + diff[:, 2] * diff[:, 2]) <= p.score_d8
-    d0 = d0_final(l_norm)
-    _, rot, trans = tm_search(xa[near], ya[near], d0=d0, d0_search=min(max(d0, 4.5), 8.0), norm=l_norm, step=1)
+    _, rot, trans = final_search(xa[near], ya[near], l_norm)
     return rot, trans

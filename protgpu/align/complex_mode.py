@@ -43,8 +43,7 @@ from .._threads import blas_threads
 from ..scoring._kabsch import superpose
 from ._dimer import dimer_align
 from ._dp import nw_align, secondary_structure, tm_scores_matrix, transform
-from ._search import tm_search
-from .numpy_twin import d0_final, search_parameters, tm_align_pair
+from .numpy_twin import d0_final, final_search, search_parameters, tm_align_pair
 
 #: Shortest chain (CA residues) taking part: TM-align's own minimum (MM-align's is 3).
 MIN_CHAIN = 5
@@ -72,12 +71,6 @@ class ComplexAlignment(NamedTuple):
     aligned: np.ndarray
     rotation: np.ndarray
     translation: np.ndarray
-
-
-def _search(xa, ya, length: float):
-    """TM-score search (step 1, every pair scored) with d0 of ``length``, normalised by it."""
-    d0 = d0_final(length)
-    return tm_search(xa, ya, d0=d0, d0_search=min(max(d0, 4.5), 8.0), norm=length, step=1)
 
 
 def greedy_assignment(weight: np.ndarray):
@@ -283,7 +276,7 @@ def mm_align(mobile, target, *, mapping=None) -> ComplexAlignment:
         def iterate(best, state):
             for _ in range(max_iter):
                 a, _, al = state
-                w, al = realign_all(*_search(*_pairs(xs, ys, al, a)[:2], length)[1:])
+                w, al = realign_all(*final_search(*_pairs(xs, ys, al, a)[:2], length)[1:])
                 tot, a = greedy_assignment(w)
                 if tot <= best:
                     break
@@ -312,7 +305,7 @@ def mm_align(mobile, target, *, mapping=None) -> ComplexAlignment:
                 best, state = tot, (a, w, al)
         assign, _, alns = state
         xa, ya, idx = _pairs(xs, ys, alns, assign)
-        tm, rot, trans = _search(xa, ya, ly_total)
+        tm, rot, trans = final_search(xa, ya, ly_total)
     return ComplexAlignment(max(float(tm), 0.0), {int(i): int(j) for i, j in enumerate(assign) if j >= 0},
                             idx, rot, trans)
 

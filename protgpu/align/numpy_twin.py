@@ -334,6 +334,13 @@ def align_maps(x, y, sec_x: str, sec_y: str, p: SearchParameters) -> np.ndarray:
     return best
 
 
+def final_search(xa, ya, length: float):
+    """The TM-score search of the final scores: every seed (step 1), d0 of ``length``
+    (:func:`d0_final`), normalised by ``length``; (score, rotation, translation)."""
+    d0 = d0_final(length)
+    return tm_search(xa, ya, d0=d0, d0_search=min(max(d0, 4.5), 8.0), norm=length, step=1)
+
+
 def tm_align_pair(x, y, seq_x: str, seq_y: str, *, l_norm: float | None = None) -> PairAlignment:
     """TM-align one pair: mobile CA ``x`` (L1, 3) onto target CA ``y`` (L2, 3).
 
@@ -356,18 +363,14 @@ def tm_align_pair(x, y, seq_x: str, seq_y: str, *, l_norm: float | None = None) 
         n_ali = len(xa)
         rmsd = float(superpose(xa[None], ya[None])[2][0]) if n_ali else float("nan")
 
-        def final(length):
-            d0 = d0_final(length)
-            return tm_search(xa, ya, d0=d0, d0_search=min(max(d0, 4.5), 8.0), norm=length, step=1)
-
-        tm_t, rot_t, tr_t = final(float(l2))
-        tm_m, rot_m, tr_m = final(float(l1))
+        tm_t, rot_t, tr_t = final_search(xa, ya, float(l2))
+        tm_m, rot_m, tr_m = final_search(xa, ya, float(l1))
         if l_norm is None or l_norm == l2:
             tm, rot, trans = tm_t, rot_t, tr_t
         elif l_norm == l1:
             tm, rot, trans = tm_m, rot_m, tr_m
         else:
-            tm, rot, trans = final(float(l_norm))
+            tm, rot, trans = final_search(xa, ya, float(l_norm))
     close = np.sqrt(np.sum((xa @ rot.T + trans - ya) ** 2, axis=1)) < CLOSE_PAIR
     top, mid, bottom, same = _gapped(seq_x, seq_y, ia, ja, close)
     return PairAlignment(tm_m, tm_t, tm, rmsd, n_ali, same / n_ali if n_ali else float("nan"), rot, trans,
