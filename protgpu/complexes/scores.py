@@ -6,8 +6,8 @@ is :func:`protgpu.tm_score`; GDT-TS/HA are OpenStructure's window search
 (:mod:`protgpu.scoring.gdt_windows`, normalised by the reference's total length); TM-score is
 US-align's complex mode (:mod:`protgpu.align.complex_mode`, normalised by the reference's total
 length), or the TMscore program's search on the mapped residues (``tm_mode="mapped"``); the interface
-lDDT is lDDT's own NumPy twin on the inter-chain pairs only; superpositions are
-:func:`protgpu.superpose`. New here: QS-score (Bertoni et al. 2017, as OpenStructure's ``QSScorer``)
+lDDT is lDDT's own NumPy twin on the inter-chain pairs only; DockQ's RMSDs after superposition are
+:func:`protgpu.rmsd`. New here: QS-score (Bertoni et al. 2017, as OpenStructure's ``QSScorer``)
 and DockQ (Basu & Wallner 2016; the v2 aggregate of Mirabello & Wallner 2024). Definitions, and what
 reproduces OpenStructure, are in docs/design/complexes.md.
 """
@@ -23,11 +23,11 @@ from .._inputs import source_name
 from ..align.complex_mode import complex_tm
 from ..errors import InputError
 from ..scoring import _mapping as mp
-from ..scoring.gdt_windows import gdt_windows
+from ..scoring.gdt_windows import gdt_windows_started
 from ..scoring.lddt import lddt_counts_numpy, lddt_scores
 from ..scoring.tmscore import tm_score
 from ..structure import Structure
-from ..superpose import superpose
+from ..superpose import rmsd
 from ._atoms import BACKBONE, atom_table, heavy_atoms, representative_atoms  # noqa: F401  (were defined here)
 from ._cleanup import clean, clean_keep
 from ._contacts import (
@@ -69,16 +69,20 @@ def _bb_pairs(minfo, rinfo, mres, rres):
 
 def _fit_rmsd(mx, rx, fit_m, fit_r, meas_m=None, meas_r=None, device: str = "cpu") -> np.ndarray:
     """RMSD (M,) on the measured atoms after superposing the fitted ones (the measured = fitted by
-    default), for models ``mx`` of shape (M, N, 3): one batched :func:`protgpu.superpose` call."""
+    default), for models ``mx`` of shape (M, N, 3) (NumPy, or CuPy: gathered there): one batched
+    :func:`protgpu.rmsd` call, in float64."""
+    from .._array import get_namespace
+
     m = mx.shape[0]
     if len(fit_m) < 3 or (meas_m is not None and not len(meas_m)):
         return np.zeros(m)  # OpenStructure's and DockQ's convention: too few atoms to superpose
-    if meas_m is None:
-        return _host(superpose(mx[:, fit_m], rx[fit_r], device=device).rmsd)
+    xp = get_namespace(mx)
     n = len(fit_m)
-    both_m, both_r = np.concatenate([fit_m, meas_m]), np.concatenate([fit_r, meas_r])
-    res = superpose(mx[:, both_m], rx[both_r], fit=np.arange(n), atoms=np.arange(n, len(both_m)), device=device)
-    return _host(res.rmsd)
+    both_m = fit_m if meas_m is None else np.concatenate([fit_m, meas_m])
+    both_r = fit_r if meas_r is None else np.concatenate([fit_r, meas_r])
+    x = mx[:, xp.asarray(both_m)].astype(xp.float64)
+    atoms = None if meas_m is None else np.arange(n, len(both_m))
+    return _host(rmsd(x, rx[both_r], fit=np.arange(n), atoms=atoms, device=device))
 
 
 class _NativeInterface:
@@ -157,8 +161,8 @@ def _shared_contacts(found: dict | None, keep, c1: str, c2: str, ma1: np.ndarray
 
 def _dockq_rmsds(mdl_s, xs: np.ndarray, ref_s, nat: _NativeInterface, mapping: ChainMapping, r1: str, r2: str,
                  device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
-    """iRMSD and LRMSD (M,) of models of one atom table and mapping (``xs`` (M, N, 3)): one batched
-    :func:`protgpu.superpose` call each.
+    """iRMSD and LRMSD (M,) of models of one atom table and mapping (``xs`` (M, N, 3), NumPy or CuPy):
+    one batched :func:`protgpu.rmsd` call each.
 
     iRMSD: backbone (N, CA, C, O) RMSD of the reference's interface residues (any heavy atom within 10 A
     of the partner chain) that are mapped, after superposing them; LRMSD: backbone RMSD of the ligand
@@ -166,7 +170,6 @@ def _dockq_rmsds(mdl_s, xs: np.ndarray, ref_s, nat: _NativeInterface, mapping: C
     """
     minfo, rinfo = mp.residue_info(mdl_s), mp.residue_info(ref_s)
     rx = np.asarray(ref_s.coords[0], np.float64)
-    xs = np.asarray(xs, np.float64)
     p1, p2 = mapping.residues[r1], mapping.residues[r2]
     both = np.concatenate([p1, p2])
     sel = both[np.isin(both[:, 1], nat.interface)]
@@ -265,8 +268,9 @@ def lddt_of(model, ref_s, flavour: str, pairs: np.ndarray, device: str = "cpu", 
     (default thresholds, symmetry resolved) for ``flavour`` "heavy" or "ca", and for "inter" the lDDT
     over the reference's inter-chain pairs only (the interface lDDT); lDDT's NumPy twin (compiled) on
     the CPU, its CUDA kernel on the GPU (one launch). ``cache`` and ``drop`` (the reference's
-    stereochecked atoms) as :func:`lddt_reference_of`. ``model_drop``: for a Structure ``model``, each
-    frame's stereochecked atoms (M arrays of its atom indices, None for none): missing (NaN) in the
+    stereochecked atoms) as :func:`lddt_reference_of`. ``model``: a Structure (every frame a model) or a
+    :class:`~protgpu.scoring._batch.ModelGroup` of one (its coordinates may be on the device already).
+    ``model_drop``: each frame's stereochecked atoms (M arrays of its atom indices, None for none): missing (NaN) in the
     batch, as an atom the model lacks. ``batches``: a dict kept by the caller for one ``model``,
     ``pairs`` and ``model_drop``, so that "heavy" and "inter" (the same atoms) gather and upload the
     models' atoms once."""
@@ -283,12 +287,16 @@ def lddt_of(model, ref_s, flavour: str, pairs: np.ndarray, device: str = "cpu", 
         batch = _batch.atom_batch(groups, ref_s, info, ref_atoms, pairs, be, _batch.work_dtype(model, ref_s))
         if model_drop is not None and any(d is not None and len(d) for d in model_drop):
             # the model's atoms laid out on the reference slots (the same cached match atom_batch made)
-            matoms, slots = _batch.checked_atom_match(mp.residue_info(model), info, ref_atoms, pairs,
-                                                      source_name(model, "model"), ref_s)
-            gone = [slots[np.isin(matoms, d)] if d is not None and len(d) else slots[:0] for d in model_drop]
-            rows = np.repeat(np.arange(len(gone)), [len(g) for g in gone])
-            if len(rows):  # one scatter for the batch (on the GPU: one transfer of the indices)
-                batch.coords[be.xp.asarray(rows), be.xp.asarray(np.concatenate(gone))] = be.xp.nan
+            topology = groups[0].topology
+            matoms, slots = _batch.checked_atom_match(mp.residue_info(topology), info, ref_atoms, pairs,
+                                                      source_name(topology, "model"), ref_s)
+            slot_of = np.full(topology.n_atoms, -1, np.int64)
+            slot_of[matoms] = slots
+            drops = [np.zeros(0, np.int64) if d is None else np.asarray(d, np.int64) for d in model_drop]
+            rows = np.repeat(np.arange(len(drops)), [len(d) for d in drops])
+            at = slot_of[np.concatenate(drops)]
+            if (at >= 0).any():  # one scatter for the batch (on the GPU: one transfer of the indices)
+                batch.coords[be.xp.asarray(rows[at >= 0]), be.xp.asarray(at[at >= 0])] = be.xp.nan
         if batches is not None:
             batches[atoms] = batch
     if be.on_gpu:
@@ -522,6 +530,33 @@ class _Clock:
             self.t = t
 
 
+def _stacked(first, frames: list, device: str):
+    """The first frames of ``frames`` (Structures of ``first``'s atom table) as one
+    :class:`~protgpu.scoring._batch.ModelGroup`, its coordinates checked once (by the Structure made of
+    them) and, on the GPU, copied once (float32, from pinned memory) for every score to gather its atoms
+    from on the device."""
+    from ..scoring import _batch
+
+    be = None
+    if len(frames) == 1:
+        stack = first
+    else:
+        coords = [np.asarray(f.coords[0]) for f in frames]
+        if device == "gpu":
+            from .._array import dispatch
+
+            be = dispatch(device="gpu")
+            x = _batch.host_buffer((len(coords), *coords[0].shape), np.float32, 0, be, "complex_stack")
+            np.stack(coords, out=x)
+        else:
+            x = np.stack(coords)
+        stack = Structure(x, first.atoms, source=first.source)
+    name = source_name(first, "model")
+    names = [name] if len(frames) == 1 else [f"{name}[{i}]" for i in range(len(frames))]
+    coords = stack.coords if be is None else _batch.to_work(stack.coords, be, np.float32)
+    return _batch.ModelGroup(coords=coords, topology=stack, names=names)
+
+
 def score_mapped(structures: list, mappings: list, ref: ComplexReference, device: str = "cpu",
                  host: list | None = None, keys: list | None = None, timers: dict | None = None) -> dict:
     """The scores of cleaned, mapped model frames (see :func:`score_complex` for the columns).
@@ -564,22 +599,26 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
     clock = _Clock(timers)
     for idx in groups.values():
         first, cm = structures[idx[0]], mappings[idx[0]]
-        xs = np.stack([np.asarray(structures[k].coords[0]) for k in idx])
-        stack = first if len(idx) == 1 else Structure(xs, first.atoms, source=first.source)
+        group = _stacked(first, [structures[k] for k in idx], device)
         rp = cm.residue_pairs()
         clock("stack_s")
+        # the longest score first: on the GPU it runs on a stream of its own while the others queue
+        gdt = None
+        if "gdtts" in metrics or "gdtha" in metrics:  # OpenStructure's GDT, not the TMscore program's
+            gdt = gdt_windows_started(group, ref_s, mapping=rp, device=device)
+        clock("gdt_s")
         # lddt and ilddt on the stereochecked model (its removed atoms missing) and reference; the
-        # heavy-atom batch is gathered and uploaded once for both
+        # heavy-atom batch is gathered once for both
         drops = [host[k].get("stereo_drop") for k in idx] if ref.stereochecks else None
         batches: dict = {}
         for col, flavour in (("lddt", "heavy"), ("bb_lddt", "ca"), ("ilddt", "inter")):
             if col in metrics:
-                table[col][idx] = lddt_of(stack, ref_s, flavour, rp, device, ref._lddt, ref.stereo_drop,
+                table[col][idx] = lddt_of(group, ref_s, flavour, rp, device, ref._lddt, ref.stereo_drop,
                                           None if flavour == "ca" else drops, batches)
         del batches
         clock("lddt_s")
         if want_tm:
-            t = tm_score(stack, ref_s, mapping=rp, device=device)
+            t = tm_score(group, ref_s, mapping=rp, device=device)
             for col, v in (("tm_score", t.tm), ("rmsd", t.rmsd)):
                 if col in metrics:
                     table[col][idx] = _host(v)
@@ -588,20 +627,14 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
                 tms = np.array([host[k].get("tm_score", np.nan) for k in idx], np.float64)
                 todo = np.flatnonzero(np.isnan(tms))  # host parts counted for another reference's modes
                 if len(todo):
-                    tms[todo] = _complex_tm(xs[todo], first, ref, cm)
+                    tms[todo] = _complex_tm(np.stack([structures[idx[k]].coords[0] for k in todo]), first, ref, cm)
                 table["tm_score"][idx] = tms
         clock("tm_s")
-        if "gdtts" in metrics or "gdtha" in metrics:  # OpenStructure's GDT, not the TMscore program's
-            ts, ha = gdt_windows(stack, ref_s, mapping=rp, device=device)
-            for col, v in (("gdtts", ts), ("gdtha", ha)):
-                if col in metrics:
-                    table[col][idx] = v
-        clock("gdt_s")
         if "dockq" in metrics:
             total = np.zeros(len(idx))
             for i, (a, b) in enumerate(ifaces):
                 if a in cm.chains and b in cm.chains:
-                    ir, lr = _dockq_rmsds(first, xs, ref_s, ref.native[a, b], cm, a, b, device=device)
+                    ir, lr = _dockq_rmsds(first, group.coords, ref_s, ref.native[a, b], cm, a, b, device=device)
                     table["irmsd"][idx, i], table["lrmsd"][idx, i] = ir, lr
                     d = dockq_formula(table["fnat"][idx, i], ir, lr)
                     table["dockq_per_interface"][idx, i] = d
@@ -609,6 +642,12 @@ def score_mapped(structures: list, mappings: list, ref: ComplexReference, device
             # DockQ v2: the mean over every reference interface, an unmapped one counting 0
             table["dockq"][idx] = total / len(ifaces) if ifaces else np.nan
         clock("dockq_rmsd_s")
+        if gdt is not None:
+            ts, ha = gdt()
+            for col, v in (("gdtts", ts), ("gdtha", ha)):
+                if col in metrics:
+                    table[col][idx] = v
+        clock("gdt_s")
     table["chain_mapping"] = list(mappings)
     return table
 

@@ -70,11 +70,14 @@ def _structure_group(s: Structure, fallback: str) -> ModelGroup:
 
 
 def collect_models(models, reference_topology: Structure | None) -> tuple[list[ModelGroup], bool]:
-    """Normalise ``models`` into groups; also say whether one single model was given.
+    """Normalise ``models`` into groups; also say whether one single model was given. A
+    :class:`ModelGroup` passes as it is (its caller checked its coordinates).
 
     A bare array whose atom count equals the reference Structure's takes the reference's topology.
     """
     def one(item, fallback):
+        if isinstance(item, ModelGroup):  # gathered by a caller (e.g. its coordinates already on the device)
+            return item
         if isinstance(item, PreparedModel):
             return ModelGroup(coords=item.ca, topology=None, names=list(item.names), prepared=item)
         if is_array(item):

@@ -20,6 +20,7 @@ Three paths, one specification: :func:`gdt_windows_numpy` (the NumPy twin, batch
 
 from __future__ import annotations
 
+import contextlib
 from functools import lru_cache
 
 import numpy as np
@@ -31,7 +32,7 @@ from . import _batch
 from . import _fast as _sf
 from ._kabsch import superpose_from_sums
 
-__all__ = ["gdt_windows"]
+__all__ = ["gdt_windows", "gdt_windows_started"]
 
 #: Window sizes of OpenStructure's Scorer (``_gdt_window_sizes``); n, the number of pairs, is added.
 WINDOW_SIZES = (7, 9, 12, 24, 48)
@@ -327,14 +328,45 @@ def gdt_windows(models, reference, *, mapping="resnum", device: str = "auto"):
     >>> 0.0 < ha < ts < 1.0
     True
     """
+    return gdt_windows_started(models, reference, mapping=mapping, device=device)()
+
+
+_side_streams: dict = {}  # device id -> the stream started GPU searches run on (one per device, kept)
+
+
+def gdt_windows_started(models, reference, *, mapping="resnum", device: str = "auto"):
+    """Start :func:`gdt_windows` and return a function that waits for it and returns its result.
+
+    On the GPU the search (its batch gathered on the device, the kernel) runs on a non-blocking
+    stream of its own, after the work already queued on the caller's stream: the caller goes on
+    queueing other scores meanwhile (``score_complex`` does: the GDT kernel is its longest).
+    On the CPU the work is done before returning.
+    """
     refuse_grad("gdt_windows", models, reference)
     be = dispatch(*[m for m in (models if isinstance(models, (list, tuple)) else [models])],
                   reference, device=device)
-    batch, single = _batch.tm_batch(models, reference, mapping, be, np.dtype(np.float64))
-    counts = gdt_counts(batch.x, batch.y, batch.n_ali, device="gpu" if be.on_gpu else "cpu")
-    counts = np.asarray(counts.get() if hasattr(counts, "get") else counts, np.float64)
-    ts = counts[:, 1:5].sum(axis=1) / (4.0 * batch.n_ref)
-    ha = counts[:, 0:4].sum(axis=1) / (4.0 * batch.n_ref)
-    if single:
-        return float(ts[0]), float(ha[0])
-    return ts, ha
+    stream, scope = None, contextlib.nullcontext()
+    if be.on_gpu:
+        import cupy as cp
+
+        dev = cp.cuda.Device().id
+        if dev not in _side_streams:
+            _side_streams[dev] = cp.cuda.Stream(non_blocking=True)
+        stream = _side_streams[dev]
+        stream.wait_event(cp.cuda.get_current_stream().record())
+        scope = stream
+    with scope:
+        batch, single = _batch.tm_batch(models, reference, mapping, be, np.dtype(np.float64))
+        counts = gdt_counts(batch.x, batch.y, batch.n_ali, device="gpu" if be.on_gpu else "cpu")
+
+    def result():
+        if stream is not None:
+            stream.synchronize()
+        c = np.asarray(counts.get() if hasattr(counts, "get") else counts, np.float64)
+        ts = c[:, 1:5].sum(axis=1) / (4.0 * batch.n_ref)
+        ha = c[:, 0:4].sum(axis=1) / (4.0 * batch.n_ref)
+        if single:
+            return float(ts[0]), float(ha[0])
+        return ts, ha
+
+    return result
