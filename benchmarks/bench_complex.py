@@ -256,9 +256,22 @@ def main() -> int:
         from protgpu.batch.local import pool_start_method
 
         start_method = pool_start_method(None)  # fork unless CuPy or a thread is already here
+        import gc
+
+        gc_s = {"n": 0, "s": 0.0, "t": 0.0}  # the main process's garbage collections during the run
+
+        def gc_timer(phase, info):
+            if phase == "start":
+                gc_s["t"] = time.perf_counter()
+            else:
+                gc_s["n"] += 1
+                gc_s["s"] += time.perf_counter() - gc_s["t"]
+
+        gc.callbacks.append(gc_timer)
         t0 = time.perf_counter()
         summary = run_job(ns, job, [str(tmp / "models")], description="evaluate")
         e2e = time.perf_counter() - t0
+        gc.callbacks.remove(gc_timer)
         assert summary.n_ok == n, summary.failed[:3]
         rows.append({"variant": "protgpu evaluate (end to end, files)", "models": n, "seconds": e2e,
                      "models_per_s": n / e2e})
@@ -305,7 +318,8 @@ def main() -> int:
                          f"chain A ({chains['A']} residues) + a 150-residue window of chain B ({chains['B']})",
                  "device": device, "write_pdbs_s": write_s, "engine_stats": dict(summary.stats),
                  "per_model_ms": steps, "main_process_s": main_process_split(summary.stats, e2e),
-                 "parse_pool_start_method": start_method}
+                 "parse_pool_start_method": start_method,
+                 "main_process_gc": {"collections": gc_s["n"], "seconds": gc_s["s"]}}
         per = None
         if anchor is not None:
             diff = np.abs(np.asarray(anchor["dockq"]) - table["dockq"][:k])

@@ -57,3 +57,23 @@ __device__ __forceinline__ void pg_minimum_image(A& dx, A& dy, A& dz, const B* b
         dx = rx; dy = ry; dz = rz;
     }
 }
+
+// Subset searches (tmscore.cu, gdt_windows.cu) keep each warp's two subset bit masks at the start of
+// dynamic shared memory ([warps][2][nwords_max] words) and, when use_smem, the model's and the
+// reference's 3 n coordinates after them (16-byte aligned), where every warp's fits read them. Stages
+// those (xs and ys then point at the copies), ends with the block barrier, returns the masks.
+template <typename T>
+__device__ __forceinline__ unsigned* pg_stage_subset_search(unsigned char* smem, int warps, int nwords_max, int lmax,
+                                                            int n, int use_smem, const T*& xs, const T*& ys) {
+    if (use_smem) {
+        T* cs = (T*)(smem + ((warps * 2 * nwords_max * sizeof(unsigned) + 15) / 16) * 16);
+        for (int i = threadIdx.x; i < 3 * n; i += blockDim.x) {
+            cs[i] = xs[i];
+            cs[3 * lmax + i] = ys[i];
+        }
+        xs = cs;
+        ys = cs + 3 * lmax;
+    }
+    __syncthreads();
+    return (unsigned*)smem;
+}

@@ -88,17 +88,7 @@ extern "C" __global__ __launch_bounds__(GW_WARPS * 32) void gdt_windows_f64(
     const int nwords = (n + 31) >> 5;
     const double* xs = x + m * (i64)lmax * 3;
     const double* ys = y + m * (i64)lmax * 3;
-    unsigned* masks = (unsigned*)gw_smem;  // [GW_WARPS][2][nwords_max]
-    if (use_smem) {
-        double* cs = (double*)(gw_smem + ((GW_WARPS * 2 * nwords_max * sizeof(unsigned) + 15) / 16) * 16);
-        for (int i = threadIdx.x; i < 3 * n; i += blockDim.x) {
-            cs[i] = xs[i];
-            cs[3 * lmax + i] = ys[i];
-        }
-        xs = cs;
-        ys = cs + 3 * lmax;
-    }
-    __syncthreads();
+    unsigned* masks = pg_stage_subset_search(gw_smem, GW_WARPS, nwords_max, lmax, n, use_smem, xs, ys);
     unsigned* buf0 = masks + (warp * 2) * nwords_max;
     unsigned* buf1 = masks + (warp * 2 + 1) * nwords_max;
     const int s0 = seed_off[m], n_seeds = seed_cnt[m];

@@ -219,17 +219,7 @@ __device__ void tm_search(const T* __restrict__ x, const T* __restrict__ y, int 
     const int nwords = (n + 31) >> 5;
     const T* xs = x + m * lmax * 3;
     const T* ys = y + m * (i64)y_step * lmax * 3;
-    unsigned* masks = (unsigned*)tm_smem;  // [TM_WARPS][2][nwords_max]
-    if (use_smem) {
-        T* cs = (T*)(tm_smem + ((TM_WARPS * 2 * nwords_max * sizeof(unsigned) + 15) / 16) * 16);
-        for (int i = threadIdx.x; i < 3 * n; i += blockDim.x) {
-            cs[i] = xs[i];
-            cs[3 * lmax + i] = ys[i];
-        }
-        xs = cs;
-        ys = cs + 3 * lmax;
-    }
-    __syncthreads();
+    unsigned* masks = pg_stage_subset_search(tm_smem, TM_WARPS, nwords_max, lmax, n, use_smem, xs, ys);
     unsigned* cur = masks + (warp * 2) * nwords_max;
     unsigned* nxt = masks + (warp * 2 + 1) * nwords_max;
 

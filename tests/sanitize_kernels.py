@@ -73,6 +73,7 @@ SECTIONS = {
     "tmalign": _from_test_module("test_tmalign_gpu", "check_tmalign_for_sanitizer", "align"),
     "qcp_backward": _from_test_module("test_qcp_backward_gpu", "check_qcp_backward_for_sanitizer", "superpose"),
     "gdt_windows": _from_test_module("test_gdt_windows_gpu", "check_gdt_windows_for_sanitizer", "scoring"),
+    "complex": _from_test_module("test_complex_gpu", "check_complex_for_sanitizer", "complexes"),
 }
 
 

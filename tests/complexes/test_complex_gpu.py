@@ -82,3 +82,20 @@ def test_kept_lddt_references_serve_later_batches_on_the_gpu(gpu, models):
     for col, tol in TOL.items():
         got = np.concatenate([p[col] for p in parts])
         np.testing.assert_allclose(got, cpu[col], rtol=0, atol=tol, err_msg=col)
+
+
+def check_complex_for_sanitizer() -> None:
+    """score_complex of three models on the GPU (the GDT windows on their own stream while lDDT,
+    TM-score and the DockQ superpositions run) against the CPU. Run under compute-sanitizer by
+    tests/sanitize_kernels.py (section complex)."""
+    from pathlib import Path
+
+    d = Path(__file__).resolve().parents[2] / "datasets" / "openstructure"
+    m = pg.load(d / "1eud_mdl_partial-dimer.pdb")
+    xs = m.coords[0][None] + np.random.default_rng(3).normal(scale=0.5, size=(2, m.n_atoms, 3)).astype(np.float32)
+    s = pg.Structure(np.concatenate([m.coords, xs]), m.atoms, source="noisy")
+    cpu = pg.score_complex(s, d / "1eud_ref.pdb", device="cpu", tm_mode="mapped")
+    dev = pg.score_complex(s, d / "1eud_ref.pdb", device="gpu", tm_mode="mapped")
+    for col, tol in TOL.items():
+        np.testing.assert_allclose(dev[col], cpu[col], rtol=0, atol=tol, err_msg=col)
+    print("complex: ok")
