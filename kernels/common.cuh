@@ -58,6 +58,7 @@ __device__ __forceinline__ void pg_minimum_image(A& dx, A& dy, A& dz, const B* b
     }
 }
 
+#ifndef TMALIGN_HOST  // (block-cooperative: not part of tmalign.cu's plain C++ build)
 // Subset searches (tmscore.cu, gdt_windows.cu) keep each warp's two subset bit masks at the start of
 // dynamic shared memory ([warps][2][nwords_max] words) and, when use_smem, the model's and the
 // reference's 3 n coordinates after them (16-byte aligned), where every warp's fits read them. Stages
@@ -77,3 +78,4 @@ __device__ __forceinline__ unsigned* pg_stage_subset_search(unsigned char* smem,
     __syncthreads();
     return (unsigned*)smem;
 }
+#endif
