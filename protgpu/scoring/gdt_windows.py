@@ -32,7 +32,7 @@ from . import _batch
 from . import _fast as _sf
 from ._kabsch import superpose_from_sums
 
-__all__ = ["gdt_windows", "gdt_windows_started"]
+__all__ = ["gdt_windows"]
 
 #: Window sizes of OpenStructure's Scorer (``_gdt_window_sizes``); n, the number of pairs, is added.
 WINDOW_SIZES = (7, 9, 12, 24, 48)
