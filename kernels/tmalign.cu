@@ -24,9 +24,9 @@
 template <class Team>
 __device__ double ta_score(const Team& tm, const double* d2, int n, double d0sq, double d8, double norm) {
     double s = 0.0;
-    const double d8sq = d8 * d8;
+    const double d8sq = d8 * d8, inv_d0sq = TA_RCP(d0sq);
     for (int p = tm.rank; p < n; p += tm.size)
-        if (!(d8 > 0.0) || d2[p] <= d8sq) s += TA_RCP(1.0 + d2[p] / d0sq);
+        if (!(d8 > 0.0) || d2[p] <= d8sq) s += TA_RCP(1.0 + TA_DIV_BY(d2[p], d0sq, inv_d0sq));
     tm.sums(&s, 1);
     return s / norm;
 }

@@ -194,6 +194,7 @@ __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int
     int* prog = P.sh->prog;
     const double* y = P.y;  // (locals: the stores through char pointers below may alias P)
     const unsigned char* secy = P.secy;
+    const double inv_d0sq = TA_RCP(d0sq);
     for (int st = q; st * H < l1; st += nw) {
         const int mine = nw > 1 ? q : slot, prev = nw > 1 ? (q + nw - 1) % nw : slot;
         double* my_h = P.dv + (long long)mine * w;
@@ -259,7 +260,7 @@ __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int
                         const double* b = y + 3 * (j - 1);
                         const double e0 = ax[r] - b[0], e1 = ay[r] - b[1], e2 = az[r] - b[2];
                         const double d2 = TA_ADD(TA_ADD(TA_MUL(e0, e0), TA_MUL(e1, e1)), TA_MUL(e2, e2));
-                        sc = TA_RCP(1.0 + d2 / d0sq);
+                        sc = TA_RCP(1.0 + TA_DIV_BY(d2, d0sq, inv_d0sq));
                         if (kind == TA_DP_TM_SS) sc = TA_ADD(sc, 0.5 * ss);
                     }
                     const double d = diag[r] + sc;

@@ -220,7 +220,7 @@ template <class Team, class Map>
 __device__ double ta_fast_score(const Team& tm, const double* xc, const double* yc, int l2, Map map, double d0,
                                 double d0s, double* d2, unsigned char* sel) {
     double R[9], t[3];
-    const double d02 = d0 * d0, d002 = d0s * d0s;
+    const double d02 = d0 * d0, d002 = d0s * d0s, inv_d02 = TA_RCP(d02);
     auto valid = [&](int j, double* x, double* y) -> bool {
         const int i = map(j);
         if (i < 0) return false;
@@ -237,7 +237,7 @@ __device__ double ta_fast_score(const Team& tm, const double* xc, const double* 
             const int i = map(j);
             if (i < 0) continue;
             d2[j] = ta_d2(R, t, xc + 3 * i, yc + 3 * j);
-            s += TA_RCP(1.0 + d2[j] / d02);
+            s += TA_RCP(1.0 + TA_DIV_BY(d2[j], d02, inv_d02));
         }
         tm.sums(&s, 1);
         return s;

@@ -29,6 +29,7 @@
 #define TA_MUL(a, b) ((a) * (b))
 #define TA_ADD(a, b) ((a) + (b))
 #define TA_RCP(a) (1.0 / (a))
+#define TA_DIV_BY(a, b, inv_b) ((void)(inv_b), (a) / (b))
 #else
 #ifndef TA_THREADS
 #define TA_THREADS 256
@@ -42,6 +43,14 @@
 #define TA_ADD(a, b) __dadd_rn((a), (b))
 // 1 / a correctly rounded (the same bits as the division), in fewer instructions than a division.
 #define TA_RCP(a) __drcp_rn(a)
+// a / b with inv_b = TA_RCP(b) computed once: the last steps of CUDA's own double division (quotient,
+// residual by fma, corrected quotient) without a reciprocal per call; the division's bits for the
+// operands here (squared distances over d0^2 >= 0.25: no overflow, no subnormal quotients).
+#define TA_DIV_BY(a, b, inv_b) ta_div_by((a), (b), (inv_b))
+__device__ __forceinline__ double ta_div_by(double a, double b, double inv_b) {
+    const double q = __dmul_rn(a, inv_b);
+    return __fma_rn(__fma_rn(-b, q, a), inv_b, q);
+}
 #endif
 
 #ifndef TA_WARP
