@@ -270,9 +270,9 @@ def lddt_of(model, ref_s, flavour: str, pairs: np.ndarray, device: str = "cpu", 
     the CPU, its CUDA kernel on the GPU (one launch). ``cache`` and ``drop`` (the reference's
     stereochecked atoms) as :func:`lddt_reference_of`. ``model``: a Structure (every frame a model) or a
     :class:`~protgpu.scoring._batch.ModelGroup` of one (its coordinates may be on the device already).
-    ``model_drop``: each frame's stereochecked atoms (M arrays of its atom indices, None for none): missing (NaN) in the
-    batch, as an atom the model lacks. ``batches``: a dict kept by the caller for one ``model``,
-    ``pairs`` and ``model_drop``, so that "heavy" and "inter" (the same atoms) gather and upload the
+    ``model_drop``: each frame's stereochecked atoms (M arrays of its atom indices, None for none):
+    missing (NaN) in the batch, as an atom the model lacks. ``batches``: a dict kept by the caller for
+    one ``model``, ``pairs`` and ``model_drop``, so that "heavy" and "inter" (the same atoms) gather the
     models' atoms once."""
     from .._array import dispatch, to_numpy
     from ..scoring import _batch, _fast
