@@ -43,9 +43,10 @@
 #define TA_ADD(a, b) __dadd_rn((a), (b))
 // 1 / a correctly rounded (the same bits as the division), in fewer instructions than a division.
 #define TA_RCP(a) __drcp_rn(a)
-// a / b with inv_b = TA_RCP(b) computed once: the last steps of CUDA's own double division (quotient,
-// residual by fma, corrected quotient) without a reciprocal per call; the division's bits for the
-// operands here (squared distances over d0^2 >= 0.25: no overflow, no subnormal quotients).
+// a / b with inv_b = TA_RCP(b) computed once: quotient by the reciprocal, residual by fma, corrected
+// quotient (Markstein's correction step), without a reciprocal per call. The division's bits for the
+// operands here (squared distances over d0^2 >= 0.25: no overflow, no subnormal quotients), checked on
+// random operands of those ranges with exact arithmetic and by the GPU tests' stored TM-align pairs.
 #define TA_DIV_BY(a, b, inv_b) ta_div_by((a), (b), (inv_b))
 __device__ __forceinline__ double ta_div_by(double a, double b, double inv_b) {
     const double q = __dmul_rn(a, inv_b);
