@@ -58,7 +58,14 @@ __device__ __forceinline__ void pg_minimum_image(A& dx, A& dy, A& dz, const B* b
     }
 }
 
-#ifndef TMALIGN_HOST  // (block-cooperative: not part of tmalign.cu's plain C++ build)
+#ifndef TMALIGN_HOST  // (warp- and block-cooperative: not part of tmalign.cu's plain C++ build)
+// Sum of v over the 32 lanes of a full warp, every lane gets it (butterfly: the same order on each).
+__device__ __forceinline__ double pg_warp_sum(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 // Subset searches (tmscore.cu, gdt_windows.cu) keep each warp's two subset bit masks at the start of
 // dynamic shared memory ([warps][2][nwords_max] words) and, when use_smem, the model's and the
 // reference's 3 n coordinates after them (16-byte aligned), where every warp's fits read them. Stages

@@ -20,12 +20,6 @@
 #define GW_NCUT 5
 #define GW_NSUM 15
 
-__device__ __forceinline__ double gw_warp_sum(double v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(GW_FULL_MASK, v, o);
-    return v;
-}
-
 // Adds pair j's fit terms to a: sums of x, y and x y^T (row-major).
 __device__ __forceinline__ void gw_add(double* a, const double* xs, const double* ys, int j) {
     const double x0 = xs[3 * j], x1 = xs[3 * j + 1], x2 = xs[3 * j + 2];
@@ -43,25 +37,14 @@ __device__ __forceinline__ void gw_add(double* a, const double* xs, const double
 // its tolerances by, the bound sqrt(3) |M|_F. Non-finite input gives the identity rotation.
 __device__ void gw_fit(double* a, int cnt, double* R, double* t) {
 #pragma unroll
-    for (int i = 0; i < GW_NSUM; ++i) a[i] = gw_warp_sum(a[i]);
-    const double inv = 1.0 / (double)cnt;
-    const double cx[3] = {a[0] * inv, a[1] * inv, a[2] * inv};
-    const double cy[3] = {a[3] * inv, a[4] * inv, a[5] * inv};
-    double s[9];
-    for (int p = 0; p < 3; ++p)
-        for (int q = 0; q < 3; ++q) s[p * 3 + q] = a[6 + p * 3 + q] - (double)cnt * cx[p] * cy[q];
+    for (int i = 0; i < GW_NSUM; ++i) a[i] = pg_warp_sum(a[i]);
+    double cx[3], cy[3], s[9];
+    qcp_centred_from_sums(a, cnt, cx, cy, s);
     double f2 = 0.0;
     for (int i = 0; i < 9; ++i) f2 += s[i] * s[i];
     const double nuc = sqrt(3.0 * f2);  // qcp_top_quaternion's (ga + gb) / 2
-    QcpKey k;
-    double q[4];
-    qcp_top_quaternion(s, nuc, nuc, k, q);
-    if (!(isfinite(q[0]) && isfinite(q[1]) && isfinite(q[2]) && isfinite(q[3]))) {
-        q[0] = 1.0;
-        q[1] = q[2] = q[3] = 0.0;
-    }
-    qcp_rotation(q, R);
-    for (int p = 0; p < 3; ++p) t[p] = cy[p] - (R[p * 3] * cx[0] + R[p * 3 + 1] * cx[1] + R[p * 3 + 2] * cx[2]);
+    qcp_rotation_or_identity(s, nuc, nuc, R);
+    qcp_translation(R, cx, cy, t);
 }
 
 // Bits of word kw (pairs 32 kw .. 32 kw + 31) that lie in the window [lo, hi).

@@ -279,3 +279,34 @@ __device__ __forceinline__ void qcp_rotation(const double* q, double* r) {
     r[7] = 2.0 * (qy * qz + qw * qx);
     r[8] = qw * qw - qx * qx - qy * qy + qz * qz;
 }
+
+// Rotation R (row-major) that best superposes x onto y (R x + t ~ y), from the centred
+// cross-covariance s[a*3+b] = sum (x_a - xbar_a)(y_b - ybar_b) and the bounds ga, gb that Newton starts
+// from (the centred sums of squares, or both sqrt(3) |M|_F without them): qcp_top_quaternion's
+// quaternion; degenerate input (M = 0: K = 0, whose Jacobi eigenvector is the identity quaternion) gives
+// the identity, and so does non-finite input (its non-finite quaternion is replaced here).
+__device__ void qcp_rotation_or_identity(const double* s, double ga, double gb, double* R) {
+    QcpKey k;
+    double q[4];
+    qcp_top_quaternion(s, ga, gb, k, q);
+    if (!(isfinite(q[0]) && isfinite(q[1]) && isfinite(q[2]) && isfinite(q[3]))) {
+        q[0] = 1.0;
+        q[1] = q[2] = q[3] = 0.0;
+    }
+    qcp_rotation(q, R);
+}
+
+// From the raw sums of cnt pairs, a[0..2] = sum x, a[3..5] = sum y, a[6..14] = sum x y^T (row-major):
+// the centroids cx, cy and the centred cross-covariance s (row-major), as the twins' fits from sums.
+__device__ __forceinline__ void qcp_centred_from_sums(const double* a, int cnt, double* cx, double* cy, double* s) {
+    const double inv = 1.0 / (double)cnt;
+    for (int p = 0; p < 3; ++p) cx[p] = a[p] * inv;
+    for (int p = 0; p < 3; ++p) cy[p] = a[3 + p] * inv;
+    for (int p = 0; p < 3; ++p)
+        for (int q = 0; q < 3; ++q) s[p * 3 + q] = a[6 + p * 3 + q] - (double)cnt * cx[p] * cy[q];
+}
+
+// The translation t = cy - R cx that goes with rotation R (row-major) and the centroids cx, cy.
+__device__ __forceinline__ void qcp_translation(const double* R, const double* cx, const double* cy, double* t) {
+    for (int p = 0; p < 3; ++p) t[p] = cy[p] - (R[p * 3] * cx[0] + R[p * 3 + 1] * cx[1] + R[p * 3 + 2] * cx[2]);
+}

@@ -28,30 +28,6 @@
 #define TM_FULL_MASK 0xffffffffu
 #define TM_MAX_ITER 20
 
-__device__ __forceinline__ double tm_warp_sum(double v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(TM_FULL_MASK, v, o);
-    return v;
-}
-
-// Rotation R (row-major) that best superposes x onto y (R x + t ~ y), from the centred
-// cross-covariance s[a*3+b] = sum (x_a - xbar_a)(y_b - ybar_b) and the centred sums of squares ga, gb:
-// qcp.cuh's solver (Theobald 2005), the one qcp.cu uses: l_max by guarded Newton from
-// min((ga + gb) / 2, sqrt(3) |M|_F), the quaternion from the largest row of adj(K - l I), or Jacobi on K
-// where l_max is (nearly) repeated. Degenerate input (no well-defined rotation) gives the identity:
-// M = 0 makes K = 0, whose Jacobi eigenvector is the identity quaternion; non-finite input gives a
-// non-finite quaternion, replaced here.
-__device__ void tm_qcp_rotation(const double* s, double ga, double gb, double* R) {
-    QcpKey k;
-    double q[4];
-    qcp_top_quaternion(s, ga, gb, k, q);
-    if (!(isfinite(q[0]) && isfinite(q[1]) && isfinite(q[2]) && isfinite(q[3]))) {
-        q[0] = 1.0;
-        q[1] = q[2] = q[3] = 0.0;
-    }
-    qcp_rotation(q, R);
-}
-
 // Superposition of the pairs in [lo, hi) (words == nullptr) or of the pairs whose bit is set in words.
 template <typename T>
 __device__ void tm_superpose(const T* __restrict__ xs, const T* __restrict__ ys, int n, int lo, int hi,
@@ -85,23 +61,19 @@ __device__ void tm_superpose(const T* __restrict__ xs, const T* __restrict__ ys,
         }
     }
 #pragma unroll
-    for (int i = 0; i < 17; ++i) a[i] = tm_warp_sum(a[i]);
+    for (int i = 0; i < 17; ++i) a[i] = pg_warp_sum(a[i]);
     if (!words) cnt = max(0, min(hi, n) - lo);
     if (cnt == 0) {
         for (int i = 0; i < 9; ++i) R[i] = (i % 4 == 0) ? 1.0 : 0.0;
         t[0] = t[1] = t[2] = 0.0;
         return;
     }
-    const double inv = 1.0 / (double)cnt;
-    const double cx[3] = {a[0] * inv, a[1] * inv, a[2] * inv};
-    const double cy[3] = {a[3] * inv, a[4] * inv, a[5] * inv};
-    double s[9];
-    for (int p = 0; p < 3; ++p)
-        for (int q = 0; q < 3; ++q) s[p * 3 + q] = a[6 + p * 3 + q] - (double)cnt * cx[p] * cy[q];
+    double cx[3], cy[3], s[9];
+    qcp_centred_from_sums(a, cnt, cx, cy, s);
     const double ga = a[15] - (double)cnt * (cx[0] * cx[0] + cx[1] * cx[1] + cx[2] * cx[2]);
     const double gb = a[16] - (double)cnt * (cy[0] * cy[0] + cy[1] * cy[1] + cy[2] * cy[2]);
-    tm_qcp_rotation(s, ga, gb, R);
-    for (int p = 0; p < 3; ++p) t[p] = cy[p] - (R[p * 3] * cx[0] + R[p * 3 + 1] * cx[1] + R[p * 3 + 2] * cx[2]);
+    qcp_rotation_or_identity(s, ga, gb, R);
+    qcp_translation(R, cx, cy, t);
 }
 
 template <typename T> struct tm_eval_type { typedef double type; };
@@ -170,9 +142,9 @@ __device__ int tm_evaluate(const T* __restrict__ xs, const T* __restrict__ ys, i
             ncut += __popc(wd);
         }
     }
-    if (want_score) *score = tm_warp_sum(sc);
+    if (want_score) *score = pg_warp_sum(sc);
     if (want_gdt) {
-        *maxsub = tm_warp_sum(ms);
+        *maxsub = pg_warp_sum(ms);
         gdt[0] = g0; gdt[1] = g1; gdt[2] = g2; gdt[3] = g3; gdt[4] = g4;
     }
     __syncwarp();
