@@ -101,7 +101,7 @@ _PRELUDE = r"""
 #include <memory>
 #include <thread>
 #include <vector>
-using std::sqrt; using std::fabs; using std::fmin; using std::fmax; using std::copysign; using std::isnan;
+using std::sqrt; using std::fabs; using std::fmin; using std::fmax; using std::copysign; using std::isnan; using std::isfinite;
 using std::fma;
 struct pg_dim3 { unsigned x, y, z; };
 static thread_local pg_dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0};
