@@ -101,8 +101,8 @@ _PRELUDE = r"""
 #include <memory>
 #include <thread>
 #include <vector>
-using std::sqrt; using std::fabs; using std::fmin; using std::fmax; using std::copysign; using std::isnan; using std::isfinite;
-using std::fma;
+using std::sqrt; using std::fabs; using std::fmin; using std::fmax; using std::copysign; using std::isnan;
+using std::fma; using std::isfinite;
 struct pg_dim3 { unsigned x, y, z; };
 static thread_local pg_dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0};
 static pg_dim3 blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
