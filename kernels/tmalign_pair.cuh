@@ -164,9 +164,9 @@ __device__ TA_NOINLINE void ta_transform(TaPair& P, const Team& tm, int w, const
 // _dp.nw_align for one problem: Needleman-Wunsch with free end gaps, gap_open charged when a gap
 // opens after an aligned pair; ties: the diagonal when it is >= both gap moves, else the move along
 // the target (j - 1) when it is >= the move along the mobile chain. score(i, j) for 0-based residues.
-// The result j2i[j] (mobile residue of target residue j, or -1). Scores (one function, not a template
-// per score: the code stays small): TA_DP_TM 1 / (1 + d^2 / d0sq) under the superposition in xt,
-// TA_DP_SS 1 for equal secondary structure letters, TA_DP_TM_SS their sum with 0.5 for equal letters.
+// The result j2i[j] (mobile residue of target residue j, or -1). Scores (the sweep's template argument
+// KIND): TA_DP_TM 1 / (1 + d^2 / d0sq) under the superposition in xt, TA_DP_SS 1 for equal secondary
+// structure letters, TA_DP_TM_SS their sum with 0.5 for equal letters.
 #define TA_DP_TM 0
 #define TA_DP_SS 1
 #define TA_DP_TM_SS 2
@@ -184,10 +184,10 @@ __device__ TA_NOINLINE void ta_transform(TaPair& P, const Team& tm, int w, const
 // has read it. Every cell is the same expression as the twin's in the same order, so the bits (and the
 // tie decisions) are the twin's. Moves are stored skewed, cell (i, j) at ((i + j) mod (L2 + 1)) * (L1 + 1)
 // + i: one step of a warp writes R runs of S consecutive bytes.
-template <int R>
-__device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int nw, int slot, int kind, double d0sq,
-                                         double gap) {
-    const int l1 = P.l1, l2 = P.l2, S = wp.size, lane = wp.rank, w = l2 + 1, H = S * R;
+template <int R, int KIND>
+__device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int nw, int slot, double d0sq, double gap) {
+    constexpr int S = TA_LANES, H = S * R;  // (= wp.size)
+    const int l1 = P.l1, l2 = P.l2, lane = wp.rank, w = l2 + 1;
     const int from = lane == 0 ? S - 1 : lane - 1;  // the rotating shuffle's source
     const double* xt = P.xt + 3LL * slot * l1;
     unsigned char* moves = P.moves + (long long)slot * (l1 + 1) * (l2 + 1);
@@ -253,15 +253,14 @@ __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int
                 const int i = st * H + r * S + lane + 1, j = s - lane - r * S + 1;
                 if (i <= l1 && j >= 1 && j <= l2) {
                     double sc;
-                    const double ss = sx[r] == secy[j - 1] ? 1.0 : 0.0;
-                    if (kind == TA_DP_SS) {
-                        sc = ss;
+                    if (KIND == TA_DP_SS) {
+                        sc = sx[r] == secy[j - 1] ? 1.0 : 0.0;
                     } else {
                         const double* b = y + 3 * (j - 1);
                         const double e0 = ax[r] - b[0], e1 = ay[r] - b[1], e2 = az[r] - b[2];
                         const double d2 = TA_ADD(TA_ADD(TA_MUL(e0, e0), TA_MUL(e1, e1)), TA_MUL(e2, e2));
                         sc = TA_RCP(1.0 + TA_DIV_BY(d2, d0sq, inv_d0sq));
-                        if (kind == TA_DP_TM_SS) sc = TA_ADD(sc, 0.5 * ss);
+                        if (KIND == TA_DP_TM_SS) sc = TA_ADD(sc, sx[r] == secy[j - 1] ? 0.5 : 0.0);
                     }
                     const double d = diag[r] + sc;
                     const double h = uh + (up ? gap : 0.0);  // from (i - 1, j)
@@ -314,12 +313,20 @@ __device__ __forceinline__ int ta_rows_per_lane(int l1, int l2, int S, int W) {
     return best;
 }
 
+template <int KIND>
+__device__ __forceinline__ void ta_nw_rows(TaPair& P, const TaWarp& wp, int q, int nw, int slot, double d0sq, double gap) {
+    const int R = ta_rows_per_lane(P.l1, P.l2, wp.size, nw);
+    if (R == 4) ta_nw_strips<4, KIND>(P, wp, q, nw, slot, d0sq, gap);
+    else if (R == 2) ta_nw_strips<2, KIND>(P, wp, q, nw, slot, d0sq, gap);
+    else ta_nw_strips<1, KIND>(P, wp, q, nw, slot, d0sq, gap);
+}
+
+// The score kind is a template argument of the sweep (no branch per cell; a TM-score DP reads no letters).
 __device__ __forceinline__ void ta_nw_run(TaPair& P, const TaWarp& wp, int q, int nw, int slot, int kind, double d0sq,
                                           double gap) {
-    const int R = ta_rows_per_lane(P.l1, P.l2, wp.size, nw);
-    if (R == 4) ta_nw_strips<4>(P, wp, q, nw, slot, kind, d0sq, gap);
-    else if (R == 2) ta_nw_strips<2>(P, wp, q, nw, slot, kind, d0sq, gap);
-    else ta_nw_strips<1>(P, wp, q, nw, slot, kind, d0sq, gap);
+    if (kind == TA_DP_SS) ta_nw_rows<TA_DP_SS>(P, wp, q, nw, slot, d0sq, gap);
+    else if (kind == TA_DP_TM_SS) ta_nw_rows<TA_DP_TM_SS>(P, wp, q, nw, slot, d0sq, gap);
+    else ta_nw_rows<TA_DP_TM>(P, wp, q, nw, slot, d0sq, gap);
 }
 
 // The DP's traceback on one warp (S lanes). From (i, j) the path runs through diagonals i + j, i + j - 1,
@@ -329,15 +336,19 @@ __device__ __forceinline__ void ta_nw_run(TaPair& P, const TaWarp& wp, int q, in
 // path instead of one per step.
 __device__ TA_NOINLINE void ta_traceback(const TaPair& P, const TaWarp& wp, const unsigned char* moves, unsigned char* win,
                                          int* j2i) {
-    const int l1 = P.l1, l2 = P.l2, S = wp.size, lane = wp.rank, w = l2 + 1;
+    constexpr int S = TA_LANES;  // (= wp.size)
+    const int l1 = P.l1, l2 = P.l2, lane = wp.rank, w = l2 + 1;
     int i = l1, j = l2;
     while (i > 0 && j > 0) {
         const int k = i + j, i0 = i - S + 1;
         for (int h = 0; h < 2; ++h) {
             const int dq = lane + h * S, kq = k - dq;
+            // diagonal kq's cells (ii, kq - ii) lie at consecutive bytes from here (ii from 0); kq < 2
+            // holds no cell of the matrix (jj < 1 below)
+            const unsigned char* diag = moves + (kq >= 0 ? (long long)(kq % w) * (l1 + 1) : 0LL);
             for (int r = 0; r < S; ++r) {
                 const int ii = i0 + r, jj = kq - ii;
-                win[dq * S + r] = (ii >= 1 && jj >= 1 && jj <= l2) ? moves[(long long)(kq % w) * (l1 + 1) + ii] : 0;
+                win[dq * S + r] = (ii >= 1 && jj >= 1 && jj <= l2) ? diag[ii] : 0;
             }
         }
         wp.sync();

@@ -58,6 +58,14 @@ __device__ __forceinline__ double ta_div_by(double a, double b, double inv_b) {
 #define TA_WARP 32
 #endif
 #define TA_NWARPS ((TA_NTHREADS + TA_WARP - 1) / TA_WARP)
+// The lanes of a warp team (TaWarp::size) as a compile-time constant, for the DP's index arithmetic
+// (a modulo by a run-time size is a division): the GPU's 32, the threaded host build's "warp", and 1
+// for the one-thread host build (whose TA_WARP still sizes the shared arrays).
+#if defined(TMALIGN_HOST) && !defined(TMALIGN_HOST_THREADS)
+#define TA_LANES 1
+#else
+#define TA_LANES TA_WARP
+#endif
 #define TA_RED_MAX 16  // most values one team reduction sums at once
 // How much a refinement round's or a stage's score must beat the best to replace its alignment (the CPU
 // path's _fast._TIE): alignments that differ only in pairs beyond score_d8 score the same, and TM-align
