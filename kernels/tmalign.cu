@@ -76,6 +76,7 @@ __device__ TA_NOINLINE double ta_search(TaPair& P, const double* xa, const doubl
             P.xs[3 * p + k] = xa[3 * p + k] - cx[k];
             P.ys[3 * p + k] = ya[3 * p + k] - cy[k];
         }
+    if (b.rank == 0) P.sh->next_seed = TA_NWARPS;
     b.sync();
     const double* xs = P.xs;
     const double* ys = P.ys;
@@ -105,7 +106,9 @@ __device__ TA_NOINLINE double ta_search(TaPair& P, const double* xa, const doubl
         }
         return true;
     };
-    for (int s = b.warp; s < n_seeds; s += TA_NWARPS) {
+    // A warp takes the next seed when it is done with its last (a shared counter; a seed takes 1 to 21
+    // fits): which warp takes a seed does not change the result, as each warp's seeds are ascending.
+    for (int s = b.warp; s < n_seeds;) {
         int li = 0, r = s;
         while (r >= cnt[li]) r -= cnt[li++];
         const int len = L[li];
@@ -135,6 +138,9 @@ __device__ TA_NOINLINE double ta_search(TaPair& P, const double* xa, const doubl
             wp.sync();
             if (same) break;
         }
+        int next = 0;
+        if (wp.rank == 0) next = TA_FETCH_ADD(&P.sh->next_seed, 1);
+        s = wp.shfl(next, 0);
     }
     if (b.lane == 0) {
         P.sh->wscore[b.warp] = wbest;

@@ -30,6 +30,7 @@ struct TaShared {
     int ival[4];
     double bc[16];  // values warp 0 gives the block (ta_block_sums, ta_block_superpose)
     int prog[TA_NWARPS];  // the block DP: cells published by each warp's current strip (ta_nw)
+    int next_seed;  // the TM-score search: the next seed a warp takes (ta_search)
     unsigned char tb[TA_NWARPS * 2 * TA_WARP * TA_WARP];  // each warp's traceback window (ta_traceback)
 };
 

@@ -191,6 +191,7 @@ struct TaHostTeam {
 #define TA_FLAG_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 #define TA_FLAG_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define TA_SPIN() std::this_thread::yield()
+#define TA_FETCH_ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_RELAXED)
 
 struct TaWarp : TaHostTeam {};
 struct TaBlock : TaHostTeam {
@@ -217,6 +218,7 @@ struct TaWarp {
 #define TA_FLAG_STORE(p, v) (*(p) = (v))
 #define TA_FLAG_LOAD(p) (*(p))
 #define TA_SPIN()
+#define TA_FETCH_ADD(p, v) ((*(p) += (v)) - (v))
 
 struct TaShared;
 struct TaBlock {
@@ -272,6 +274,7 @@ struct TaWarp {
 #define TA_FLAG_STORE(p, v) (__threadfence_block(), atomicExch((p), (v)))
 #define TA_FLAG_LOAD(p) atomicAdd((p), 0)
 #define TA_SPIN() __nanosleep(32)  // leave the issue slots to the warp being waited for
+#define TA_FETCH_ADD(p, v) atomicAdd((p), (v))
 
 struct TaBlock {
     int rank, size, warp, lane;
