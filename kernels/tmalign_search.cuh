@@ -66,7 +66,7 @@ __device__ TA_NOINLINE void ta_fit_sums(const double* a, double* R, double* t) {
     double q[4];
     qcp_quaternion(k, lam, hi, q);
     qcp_rotation(q, R);
-    for (int i = 0; i < 3; ++i) t[i] = cy[i] - (R[3 * i] * cx[0] + R[3 * i + 1] * cx[1] + R[3 * i + 2] * cx[2]);
+    qcp_translation(R, cx, cy, t);
 }
 
 // QCP with the traces on the centred sums b = {M (9), G_A, G_B}: rotation, translation, RMSD.
@@ -75,7 +75,7 @@ __device__ TA_NOINLINE double ta_qcp_centred(const double* b, double inv, const 
     double q[4];
     const double rmsd = qcp_solve(b, b[9], b[10], inv, q);
     qcp_rotation(q, R);
-    for (int i = 0; i < 3; ++i) t[i] = cy[i] - (R[3 * i] * cx[0] + R[3 * i + 1] * cx[1] + R[3 * i + 2] * cx[2]);
+    qcp_translation(R, cx, cy, t);
     return rmsd;
 }
 

@@ -231,12 +231,7 @@ struct TaBlock {
 };
 
 #else
-
-__device__ __forceinline__ double ta_warp_sum(double v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
+#include "common.cuh"  // pg_warp_sum
 
 __device__ __forceinline__ void ta_warp_min3(double& a, double& b, double& c) {
 #pragma unroll
@@ -252,7 +247,7 @@ struct TaWarp {
     int rank, size;
     __device__ void sync() const { __syncwarp(); }
     __device__ void sums(double* v, int k) const {
-        for (int i = 0; i < k; ++i) v[i] = ta_warp_sum(v[i]);
+        for (int i = 0; i < k; ++i) v[i] = pg_warp_sum(v[i]);
     }
     __device__ void min3(double& a, double& b, double& c) const { ta_warp_min3(a, b, c); }
     __device__ int any(int v) const { return __any_sync(0xffffffffu, v); }
@@ -283,7 +278,7 @@ struct TaBlock {
     // Warp sums, then every thread adds the warps' partials in warp order: the same bits everywhere.
     __device__ void sums(double* v, int k) const {
         for (int i = 0; i < k; ++i) {
-            const double s = ta_warp_sum(v[i]);
+            const double s = pg_warp_sum(v[i]);
             if (lane == 0) red[warp * TA_RED_MAX + i] = s;
         }
         __syncthreads();
