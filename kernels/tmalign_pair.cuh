@@ -168,6 +168,17 @@ __device__ TA_NOINLINE void ta_transform(TaPair& P, const Team& tm, int w, const
 // The result j2i[j] (mobile residue of target residue j, or -1). Scores (the sweep's template argument
 // KIND): TA_DP_TM 1 / (1 + d^2 / d0sq) under the superposition in xt, TA_DP_SS 1 for equal secondary
 // structure letters, TA_DP_TM_SS their sum with 0.5 for equal letters.
+// Relative time of a sweep step with 1, 2 and 4 rows a lane, for the choice of R: the warp instructions
+// a step took in the H200 profile (~198, 240, 324; a step's fixed part - shuffles, the handover, the loop -
+// is shared by its rows). docs/design/tm-align.md has the A/B against the fewest steps (all equal).
+#ifndef TA_DP_STEP_COST_1
+#define TA_DP_STEP_COST_1 83
+#define TA_DP_STEP_COST_2 100
+#define TA_DP_STEP_COST_4 135
+#endif
+#ifndef TA_DP_PARTS
+#define TA_DP_PARTS 2  // the block DP's row handover in parts of S / TA_DP_PARTS columns (ta_nw_strips)
+#endif
 #define TA_DP_TM 0
 #define TA_DP_SS 1
 #define TA_DP_TM_SS 2
@@ -179,8 +190,9 @@ __device__ TA_NOINLINE void ta_transform(TaPair& P, const Team& tm, int w, const
 // one above (and, a step earlier, the one diagonally above-left) from lane l - 1, or, for lane 0, from
 // lane S - 1's row r - 1: one rotating shuffle; row 0 of lane 0 reads the row the previous strip's last
 // lane left in a row buffer. No barrier inside a strip. The block's DP gives strip k to warp k mod W (W =
-// the block's warps): strip k writes its last row into warp (k mod W)'s row buffer and publishes every S
-// columns (sh->prog, a monotone count), strip k + 1 waits for the S columns it reads next; a buffer is
+// the block's warps): strip k writes its last row into warp (k mod W)'s row buffer and publishes every
+// S / TA_DP_PARTS columns (sh->prog, a monotone count), strip k + 1 waits for the part it reads next (the
+// smaller the part, the shorter strip k + 1's lag behind strip k, the more handovers); a buffer is
 // rewritten only by strip k + W, which reads (through the chain of strips between) only after strip k + 1
 // has read it. Every cell is the same expression as the twin's in the same order, so the bits (and the
 // tie decisions) are the twin's. Moves are stored skewed, cell (i, j) at ((i + j) mod (L2 + 1)) * (L1 + 1)
@@ -188,6 +200,9 @@ __device__ TA_NOINLINE void ta_transform(TaPair& P, const Team& tm, int w, const
 template <int R, int KIND>
 __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int nw, int slot, double d0sq, double gap) {
     constexpr int S = TA_LANES, H = S * R;  // (= wp.size)
+    // the row above is read (and published) PART columns at a time: strip k + 1 runs PART + H - 2 steps
+    // behind strip k (S + H - 2 with whole chunks of S)
+    constexpr int PART = S / TA_DP_PARTS > 0 ? S / TA_DP_PARTS : 1;
     const int l1 = P.l1, l2 = P.l2, lane = wp.rank, w = l2 + 1;
     const int from = lane == 0 ? S - 1 : lane - 1;  // the rotating shuffle's source
     const double* xt = P.xt + 3LL * slot * l1;
@@ -221,19 +236,22 @@ __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int
         // c = s mod S; kd = (i + j) mod (L2 + 1), the skewed column of this step's cells
         for (int s = 0, c = 0, kd = (st * H + 2) % w; s < l2 + H - 1;
              ++s, c = c + 1 == S ? 0 : c + 1, kd = kd + 1 == w ? 0 : kd + 1) {
-            if (c == 0) {  // the next S columns of the row above: lane l holds column s + 1 + l
-                chunk_h = 0.0;
-                chunk_p = 0;
-                const int col = s + 1 + lane;
+            if (c % PART == 0) {  // the row above's next PART columns, s + 1 ..: into lanes c .. c + PART - 1
+                const int col = s - c + 1 + lane;  // (lane l holds column s - c + 1 + l of this S-step chunk)
+                const bool part = lane >= c && lane < c + PART;
+                if (part) {
+                    chunk_h = 0.0;
+                    chunk_p = 0;
+                }
                 if (st > 0) {
                     if (nw > 1) {
-                        const int need = need_base + (s + S < l2 ? s + S : l2);
+                        const int need = need_base + (s + PART < l2 ? s + PART : l2);
                         while (TA_FLAG_LOAD(prog + prev) < need) TA_SPIN();
 #ifndef TMALIGN_HOST
                         __threadfence_block();
 #endif
                     }
-                    if (col <= l2) {
+                    if (part && col <= l2) {
                         chunk_h = ((volatile const double*)up_h)[col];
                         chunk_p = ((volatile const unsigned char*)up_p)[col];
                     }
@@ -282,7 +300,7 @@ __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int
                     if (r == R - 1 && lane == S - 1) {
                         my_h[j] = own[r];
                         my_p[j] = (unsigned char)(m == 0);
-                        if (nw > 1 && (j % S == 0 || j == l2)) TA_FLAG_STORE(prog + q, pub_base + j);
+                        if (nw > 1 && (j % PART == 0 || j == l2)) TA_FLAG_STORE(prog + q, pub_base + j);
                     }
                 } else {
                     new_p |= own_p & (1 << r);
@@ -295,17 +313,21 @@ __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int
     }
 }
 
-// Rows a lane takes in the DP of L1 x L2 on W warps of S lanes: the R of 1, 2, 4 with the fewest steps
-// (strips a warp runs, each L2 + S R - 1 steps, plus the pipeline's fill of S R + S steps a warp).
+// Rows a lane takes in the DP of L1 x L2 on W warps of S lanes: the R of 1, 2, 4 with the least time,
+// steps weighted by TA_DP_STEP_COST_R (strips a warp runs, each L2 + S R - 1 steps, plus the pipeline's
+// fill of S R + S / TA_DP_PARTS steps a warp).
 __device__ __forceinline__ int ta_rows_per_lane(int l1, int l2, int S, int W) {
 #ifdef TA_DP_ROWS
     return TA_DP_ROWS;  // tests: one R throughout
 #endif
     int best = 1;
     long long best_steps = -1;
+    const int part = S / TA_DP_PARTS > 0 ? S / TA_DP_PARTS : 1;
     for (int R = 1; R <= 4; R *= 2) {
         const int strips = (l1 + S * R - 1) / (S * R), used = strips < W ? strips : W;
-        const long long steps = (long long)((strips + W - 1) / W) * (l2 + S * R - 1) + (long long)(used - 1) * (S * R + S);
+        const long long cost = R == 1 ? TA_DP_STEP_COST_1 : R == 2 ? TA_DP_STEP_COST_2 : TA_DP_STEP_COST_4;
+        const long long steps = cost * ((long long)((strips + W - 1) / W) * (l2 + S * R - 1) +
+                                        (long long)(used - 1) * (S * R + part));
         if (best_steps < 0 || steps < best_steps) {
             best_steps = steps;
             best = R;
