@@ -27,10 +27,10 @@ import numpy as np
 
 from .._array import dispatch
 from .._autograd import refuse_grad
-from ..errors import InputError
 from . import _batch
 from . import _fast as _sf
 from ._kabsch import superpose_from_sums
+from .tmscore import _SMEM_HARD, subset_search_shared
 
 __all__ = ["gdt_windows"]
 
@@ -246,7 +246,6 @@ def gdt_windows_fast(x, y, n_ali) -> np.ndarray:
 # CUDA path
 
 _WARPS = 4  # warps per block (GW_WARPS in kernels/gdt_windows.cu)
-_SMEM_HARD = 48 * 1024  # dynamic shared memory a launch may ask for without an opt-in attribute
 _SMEM_LIMIT = _SMEM_HARD  # coordinates staged in shared memory up to this (tests set 0: global reads)
 
 
@@ -267,13 +266,7 @@ def gdt_windows_cuda(x, y, n_ali):
     if m_total == 0 or int(n_ali.max(initial=0)) < 3:
         return out.astype(cp.int64)
     xc, yc = _centred(x, y, n_ali, cp)
-    nwords = (lmax + 31) // 32
-    mask_bytes = ((_WARPS * 2 * nwords * 4 + 15) // 16) * 16  # the kernel aligns the coordinates to 16
-    coord_bytes = 6 * lmax * 8
-    use_smem = mask_bytes + coord_bytes <= _SMEM_LIMIT
-    shared = mask_bytes + (coord_bytes if use_smem else 0)
-    if shared > _SMEM_HARD:
-        raise InputError(f"{lmax} aligned residues exceed what one GPU block can hold; use device='cpu'")
+    use_smem, shared = subset_search_shared(_WARPS, lmax, 8, _SMEM_LIMIT)
     seeds, off, cnt = _seed_table(n_ali)
     seeds_d, off_d, cnt_d = (cp.asarray(v.astype(np.int32)) for v in (seeds, off, cnt))
     n_d = cp.asarray(n_ali.astype(np.int32))

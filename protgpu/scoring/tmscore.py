@@ -324,6 +324,35 @@ _SMEM_LIMIT = 48 * 1024  # stage coordinates in shared memory up to this (0: nev
 _SMEM_HARD = 48 * 1024  # dynamic shared memory a launch may ask for without an opt-in attribute
 
 
+def subset_search_shared(warps: int, lmax: int, itemsize: int, limit: int) -> tuple[bool, int]:
+    """Dynamic shared memory of a subset-search launch (``tmscore.cu``, ``gdt_windows.cu``).
+
+    The layout is ``pg_stage_subset_search``'s (``kernels/common.cuh``): each warp's two subset bit
+    masks (``lmax`` bits each, in 32-bit words), then, 16-byte aligned and when they fit in ``limit``
+    bytes with the masks, the model's and the reference's ``3 lmax`` coordinates of ``itemsize`` bytes.
+
+    Returns
+    -------
+    use_smem : bool
+        Whether the coordinates are staged (else the kernel reads them from global memory).
+    shared : int
+        Bytes to launch with.
+
+    Raises
+    ------
+    InputError
+        If even the masks exceed what a launch may ask for without an opt-in (``_SMEM_HARD``).
+    """
+    nwords = (lmax + 31) // 32
+    mask_bytes = ((warps * 2 * nwords * 4 + 15) // 16) * 16
+    coord_bytes = 6 * lmax * itemsize
+    use_smem = mask_bytes + coord_bytes <= limit
+    shared = mask_bytes + (coord_bytes if use_smem else 0)
+    if shared > _SMEM_HARD:
+        raise InputError(f"{lmax} aligned residues exceed what one GPU block can hold; use device='cpu'")
+    return use_smem, shared
+
+
 def tm_search_cuda(x, y, n_ali, params, *, stage1: bool = True) -> dict:
     """The same searches as :func:`tm_search_numpy`, on the GPU (``kernels/tmscore.cu``).
 
@@ -353,13 +382,7 @@ def tm_search_cuda(x, y, n_ali, params, *, stage1: bool = True) -> dict:
         yc = cp.ascontiguousarray(y.astype(dtype, copy=False))
     params_d = cp.asarray(params, dtype=cp.float64)
 
-    nwords = (lmax + 31) // 32
-    mask_bytes = ((_TM_WARPS * 2 * nwords * 4 + 15) // 16) * 16
-    coord_bytes = 6 * lmax * dtype.itemsize
-    use_smem = mask_bytes + coord_bytes <= _SMEM_LIMIT
-    shared = mask_bytes + (coord_bytes if use_smem else 0)
-    if shared > _SMEM_HARD:
-        raise InputError(f"{lmax} aligned residues exceed what one GPU block can hold; use device='cpu'")
+    use_smem, shared = subset_search_shared(_TM_WARPS, lmax, dtype.itemsize, _SMEM_LIMIT)
     n_hi = int(np.max(n_ali))
     n_tasks_max = sum(n_hi - length + 1 for length in seed_lengths(n_hi)) * (2 if stage1 else 1)
     sm_count = cp.cuda.Device().attributes["MultiProcessorCount"]
