@@ -152,15 +152,22 @@ def emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, dout):
     return dq, dk, dv, dx, dg
 
 
-def check_emulation_against_twin(emulate_fn, seed, B, L, H, d, cutoff, **knobs):
+def check_emulation_against_twin(emulate_fn, seed, B, L, H, d, cutoff, nan_padding=False, **knobs):
     """A kernel's emulation (``emulate_fn``, this file's or the wgmma kernel's) on a random problem of
-    two heads gives the twin's five gradients to 1e-12 (relative to the largest)."""
+    two heads gives the twin's five gradients to 1e-12 (relative to the largest). ``nan_padding``: the
+    last batch entry is padding, every residue masked and its coordinates NaN; the twin (which lets the
+    NaN through) sees them as 0, where its gradients are 0 and the kernel's must be."""
     rng = np.random.default_rng(seed)
     q, k, v, do = (rng.normal(size=(B, L, H, d)) for _ in range(4))
     x = np.cumsum(1.9 * rng.normal(size=(B, L, 3)), axis=1)
     gamma, mask, scale = np.array([0.05, 0.2]), rng.random((B, L)) < 0.8, 1 / np.sqrt(d)
-    out, lse = attention_lse_numpy(q, k, v, x, gamma, cutoff, mask)
-    ref = attention_backward_numpy(q, k, v, x, gamma, cutoff, mask, scale, out, lse, do)
+    x_twin = x
+    if nan_padding:
+        mask[-1] = False
+        x_twin = x.copy()
+        x[-1], x_twin[-1] = np.nan, 0.0
+    out, lse = attention_lse_numpy(q, k, v, x_twin, gamma, cutoff, mask)
+    ref = attention_backward_numpy(q, k, v, x_twin, gamma, cutoff, mask, scale, out, lse, do)
     got = emulate_fn(q, k, v, x, gamma, cutoff, mask, scale, out, lse, do, **knobs)
     for name, a, r in zip(("dq", "dk", "dv", "dcoords", "dgamma"), got, ref, strict=True):
         assert np.max(np.abs(a - r)) <= 1e-12 * max(1.0, np.max(np.abs(r))), name

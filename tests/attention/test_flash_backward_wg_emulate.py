@@ -193,7 +193,7 @@ def emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, dout, dq_mma=False
             with np.errstate(invalid="ignore", over="ignore"):
                 p = np.where(ok, np.exp(scale * st - g * d2 - lq[col_]), 0.0)
             ds = np.where(ok, p * (dpt - dl[col_]), 0.0)
-            gacc -= float(np.sum(ds * d2))
+            gacc -= float(np.sum(np.where(ok, ds * d2, 0.0)))  # (the kernel adds it only for pairs in play)
             f = np.where((ds != 0)[..., None], ds[..., None] * dxyz, 0.0)  # (warp, lane, 32, 3)
             for hh in (0, 1):
                 cg[:, :, hh] -= f[:, :, (np.arange(32) & 3) >> 1 == hh].sum(axis=2)
@@ -277,6 +277,14 @@ def test_wgmma_backward_layout_reproduces_the_twin(cutoff, dq_mma, dq_bulk):
 def test_wgmma_backward_128_keys_layout_reproduces_the_twin(cutoff, dq_mma):
     # BWG_KEYS=128: two key blocks (the second partial) and three query tiles (the last partial)
     check_emulation_against_twin(emulate, 3, 1, 150, 2, 64, cutoff, dq_mma=dq_mma, keys=128)
+
+
+@pytest.mark.parametrize("keys", [64, 128])
+@pytest.mark.parametrize("cutoff", [None, 9.0])
+def test_wgmma_backward_layout_with_nan_padding(cutoff, keys):
+    # a padded batch entry (every residue masked, coordinates NaN): its pairs have dS = 0 and every
+    # gradient stays finite (the twin sees the padding as 0)
+    check_emulation_against_twin(emulate, 4, 2, 100, 2, 64, cutoff, nan_padding=True, keys=keys)
 
 
 def test_desc_read_at_offset_zero_is_the_swizzled_tile():
