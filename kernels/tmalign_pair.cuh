@@ -179,6 +179,8 @@ __device__ TA_NOINLINE void ta_transform(TaPair& P, const Team& tm, int w, const
 #ifndef TA_DP_PARTS
 #define TA_DP_PARTS 2  // the block DP's row handover in parts of S / TA_DP_PARTS columns (ta_nw_strips)
 #endif
+// Columns of the row above a block DP's strip reads (and its predecessor publishes) at a time, for S lanes.
+__device__ __forceinline__ constexpr int ta_dp_part(int s) { return s / TA_DP_PARTS > 0 ? s / TA_DP_PARTS : 1; }
 #define TA_DP_TM 0
 #define TA_DP_SS 1
 #define TA_DP_TM_SS 2
@@ -202,7 +204,7 @@ __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int
     constexpr int S = TA_LANES, H = S * R;  // (= wp.size)
     // the row above is read (and published) PART columns at a time: strip k + 1 runs PART + H - 2 steps
     // behind strip k (S + H - 2 with whole chunks of S)
-    constexpr int PART = S / TA_DP_PARTS > 0 ? S / TA_DP_PARTS : 1;
+    constexpr int PART = ta_dp_part(S);
     const int l1 = P.l1, l2 = P.l2, lane = wp.rank, w = l2 + 1;
     const int from = lane == 0 ? S - 1 : lane - 1;  // the rotating shuffle's source
     const double* xt = P.xt + 3LL * slot * l1;
@@ -322,7 +324,7 @@ __device__ __forceinline__ int ta_rows_per_lane(int l1, int l2, int S, int W) {
 #endif
     int best = 1;
     long long best_steps = -1;
-    const int part = S / TA_DP_PARTS > 0 ? S / TA_DP_PARTS : 1;
+    const int part = ta_dp_part(S);
     for (int R = 1; R <= 4; R *= 2) {
         const int strips = (l1 + S * R - 1) / (S * R), used = strips < W ? strips : W;
         const long long cost = R == 1 ? TA_DP_STEP_COST_1 : R == 2 ? TA_DP_STEP_COST_2 : TA_DP_STEP_COST_4;
