@@ -526,15 +526,19 @@ extern "C" __global__ __launch_bounds__(BWM_THREADS, 2) void flash_bwd_mma_f16(
 }
 
 // The wgmma entry points: bodies for sm_90a only (the host launches them on compute capability 9.0).
+// flash_bwd_wg_cut_* take a cutoff (cutoff2 >= 0), flash_bwd_wg_* none: two kernels, so that neither pays
+// for the other's registers (the cutoff's test per element, its key staging).
+#define BWG_CALL(BF16, CUT)                                                                                   \
+    BWG_SMEM_DECL;                                                                                            \
+    bwg_backward<BF16, CUT>(raw, q, k, v, coords, gamma, mask, dout, lse, delta, dq_acc, dk, dv, dcoords, dgamma, \
+                            L, H, xstride, mstride, scale, cutoff2)
 extern "C" __global__ __launch_bounds__(BWG_THREADS, BWG_MIN_BLOCKS) void flash_bwd_wg_bf16(
     const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* coords, const float* gamma,
     const unsigned char* mask, const __nv_bfloat16* dout, const float* lse, const float* delta, float* dq_acc,
     __nv_bfloat16* dk, __nv_bfloat16* dv, float* dcoords, float* dgamma, int L, int H, int xstride, int mstride,
     float scale, float cutoff2) {
 #if BWG_ENABLED && BW_KIND == BW_BF16
-    BWG_SMEM_DECL;
-    bwg_backward<true>(raw, q, k, v, coords, gamma, mask, dout, lse, delta, dq_acc, dk, dv, dcoords, dgamma, L, H,
-                       xstride, mstride, scale, cutoff2);
+    BWG_CALL(true, false);
 #endif
 }
 extern "C" __global__ __launch_bounds__(BWG_THREADS, BWG_MIN_BLOCKS) void flash_bwd_wg_f16(
@@ -542,9 +546,24 @@ extern "C" __global__ __launch_bounds__(BWG_THREADS, BWG_MIN_BLOCKS) void flash_
     const unsigned char* mask, const __half* dout, const float* lse, const float* delta, float* dq_acc, __half* dk,
     __half* dv, float* dcoords, float* dgamma, int L, int H, int xstride, int mstride, float scale, float cutoff2) {
 #if BWG_ENABLED && BW_KIND == BW_F16
-    BWG_SMEM_DECL;
-    bwg_backward<false>(raw, q, k, v, coords, gamma, mask, dout, lse, delta, dq_acc, dk, dv, dcoords, dgamma, L, H,
-                        xstride, mstride, scale, cutoff2);
+    BWG_CALL(false, false);
+#endif
+}
+extern "C" __global__ __launch_bounds__(BWG_THREADS, BWG_MIN_BLOCKS) void flash_bwd_wg_cut_bf16(
+    const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* coords, const float* gamma,
+    const unsigned char* mask, const __nv_bfloat16* dout, const float* lse, const float* delta, float* dq_acc,
+    __nv_bfloat16* dk, __nv_bfloat16* dv, float* dcoords, float* dgamma, int L, int H, int xstride, int mstride,
+    float scale, float cutoff2) {
+#if BWG_ENABLED && BW_KIND == BW_BF16
+    BWG_CALL(true, true);
+#endif
+}
+extern "C" __global__ __launch_bounds__(BWG_THREADS, BWG_MIN_BLOCKS) void flash_bwd_wg_cut_f16(
+    const __half* q, const __half* k, const __half* v, const float* coords, const float* gamma,
+    const unsigned char* mask, const __half* dout, const float* lse, const float* delta, float* dq_acc, __half* dk,
+    __half* dv, float* dcoords, float* dgamma, int L, int H, int xstride, int mstride, float scale, float cutoff2) {
+#if BWG_ENABLED && BW_KIND == BW_F16
+    BWG_CALL(false, true);
 #endif
 }
 

@@ -131,6 +131,7 @@ struct __align__(16) BwgSmem {
     float dl[2][BWG_TILE];              // Dlt
     float qg[BWG_WARPS][3][BWG_TILE];   // per warp: sum over its 16 keys of dS_ij (x_i - x_j), per query
     float gred[BWG_WARPS];
+    float4 org;                         // the block's origin for dgamma (below)
 #if BWG_DQ_BULK
     float dqs[4][8 * BWG_DQS_LD];  // per warp: 8 rows of dQ staged for the bulk reductions
 #endif
@@ -142,7 +143,7 @@ struct __align__(16) BwgSmem {
 #define BWG_SMEM_DECL extern __shared__ __align__(128) unsigned char raw[]
 #endif
 
-template <bool BF16>
+template <bool BF16, bool CUT>
 __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned short* __restrict__ q,
                                              const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
                                              const float* __restrict__ coords, const float* __restrict__ gamma,
@@ -194,15 +195,19 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
             vf[kk][r] = kr < L ? fa_ld32(v + off) : 0u;
         }
     }
+    // Keys in no pair (masked, past the end, and under a cutoff without finite coordinates, which the
+    // forward's cutoff test excludes): kok false (P = 0, dS = 0) and coordinates 0 (padding may be NaN), so
+    // that every product below stays finite with no test of dS.
     float kx[2], ky[2], kz[2];
     bool kok[2];
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {  // masked keys and keys past the end: coordinates 0 (padding may be NaN)
+    for (int hh = 0; hh < 2; ++hh) {
         const int kj = key[hh];
-        kok[hh] = kj < L && (mb == nullptr || mb[kj]);
-        kx[hh] = kok[hh] ? xb[3 * kj] : 0.f;
-        ky[hh] = kok[hh] ? xb[3 * kj + 1] : 0.f;
-        kz[hh] = kok[hh] ? xb[3 * kj + 2] : 0.f;
+        bool ok = kj < L && (mb == nullptr || mb[kj]);
+        const float x0 = ok ? xb[3 * kj] : 0.f, x1 = ok ? xb[3 * kj + 1] : 0.f, x2 = ok ? xb[3 * kj + 2] : 0.f;
+        if (CUT) ok = ok && isfinite(x0) && isfinite(x1) && isfinite(x2);
+        kx[hh] = ok ? x0 : 0.f, ky[hh] = ok ? x1 : 0.f, kz[hh] = ok ? x2 : 0.f;
+        kok[hh] = ok;
     }
 
     // Copies: thread tid moves 16-byte chunk tid % 8 of rows tid / 8 + 16 BWG_WGS p (one swizzle phase per
@@ -229,12 +234,16 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
         }
         fa_cp_async_commit();
     };
-    auto load_xq = [&](int i0, int par) {  // its coordinates, lse, Dlt (threads < 64: plain loads)
+    // Its coordinates, lse, Dlt (threads < 64: plain loads). Rows in no pair (past the end, or lse = -inf: no
+    // key, and under a cutoff also rows without finite coordinates) are staged as coordinates 0 and
+    // lse = +inf: P = 0 and finite products, as for the keys above.
+    auto load_xq = [&](int i0, int par) {
         if (tid < BWG_TILE) {
             const int r = i0 + tid;
-            const bool in = r < L;
-            sm.xq[par][tid] = in ? make_float4(xb[3 * r], xb[3 * r + 1], xb[3 * r + 2], lse_bh[r] * LOG2E)
-                                 : make_float4(0.f, 0.f, 0.f, NEG_INF);
+            const float l = r < L ? lse_bh[r] : NEG_INF;
+            const bool in = l != NEG_INF;
+            sm.xq[par][tid] = in ? make_float4(xb[3 * r], xb[3 * r + 1], xb[3 * r + 2], l * LOG2E)
+                                 : make_float4(0.f, 0.f, 0.f, -NEG_INF);
             sm.dl[par][tid] = in ? dl_bh[r] : 0.f;
         }
     };
@@ -244,7 +253,16 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
     float dva[32], dka[32];  // dV, dK (unscaled) of the warp's 16 keys x 64 features: eight m16n8 tiles
 #pragma unroll
     for (int e = 0; e < 32; ++e) dva[e] = dka[e] = 0.f;
-    float gacc = 0.f;  // this thread's share of -sum dS |x_i - x_j|^2
+    // dgamma = -sum dS |x_i - x_j|^2 comes from the coordinate gradients' partial sums, with no work per pair:
+    // = -(sum_i (x_i - o) . Q_i + sum_j (x_j - o) . C_j), Q_i = sum_j dS (x_i - x_j) (query side), C_j =
+    // sum_i dS (x_j - x_i) (key side), for any point o (sum_i Q_i + sum_j C_j = 0); o = the block's first
+    // key (0 if not finite) keeps the terms near the size of the distances.
+    if (tid == 0) {
+        const float ox = xb[3 * j0], oy = xb[3 * j0 + 1], oz = xb[3 * j0 + 2];
+        const bool fin = isfinite(ox) && isfinite(oy) && isfinite(oz);
+        sm.org = fin ? make_float4(ox, oy, oz, 0.f) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float gacc = 0.f;  // this thread's share of dgamma
     float cgx[2] = {0.f, 0.f}, cgy[2] = {0.f, 0.f}, cgz[2] = {0.f, 0.f};  // keys grp (+ 8): sum dS (x_j - x_i)
     const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
 
@@ -287,21 +305,14 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
                     const float4 xq = sm.xq[par][qc];
                     const float dx = xq.x - kx[hh], dy = xq.y - ky[hh], dz = xq.z - kz[hh];
                     const float d2 = fmaf(dx, dx, fmaf(dy, dy, dz * dz));
-                    const bool ok = kok[hh] && xq.w != NEG_INF && (cutoff2 < 0.f || d2 <= cutoff2);
-                    float p = 0.f, ds = 0.f;
-                    if (ok) {
-                        p = fa_exp2(fmaf(scale_l2, st[4 * n + e], fmaf(-g_l2, d2, -xq.w)));  // (base 2)
-                        ds = p * (dpt[4 * n + e] - sm.dl[par][qc]);
-                        gacc -= ds * d2;
-                    }
+                    const float arg = fmaf(scale_l2, st[4 * n + e], fmaf(-g_l2, d2, -xq.w));  // (base 2)
+                    const float p = kok[hh] && (!CUT || d2 <= cutoff2) ? fa_exp2(arg) : 0.f;
+                    const float ds = p * (dpt[4 * n + e] - sm.dl[par][qc]);
                     st[4 * n + e] = p;
                     dpt[4 * n + e] = ds;
-                    // (dS = 0 skipped: the coordinates of such pairs may be NaN padding)
-                    const float fx = ds != 0.f ? ds * dx : 0.f, fy = ds != 0.f ? ds * dy : 0.f,
-                                fz = ds != 0.f ? ds * dz : 0.f;
-                    cgx[hh] -= fx, cgy[hh] -= fy, cgz[hh] -= fz;
-                    if (hh == 0) qp[0][c] = fx, qp[1][c] = fy, qp[2][c] = fz;
-                    else qp[0][c] += fx, qp[1][c] += fy, qp[2][c] += fz;
+                    cgx[hh] = fmaf(-ds, dx, cgx[hh]), cgy[hh] = fmaf(-ds, dy, cgy[hh]), cgz[hh] = fmaf(-ds, dz, cgz[hh]);
+                    if (hh == 0) qp[0][c] = ds * dx, qp[1][c] = ds * dy, qp[2][c] = ds * dz;
+                    else qp[0][c] = fmaf(ds, dx, qp[0][c]), qp[1][c] = fmaf(ds, dy, qp[1][c]), qp[2][c] = fmaf(ds, dz, qp[2][c]);
                 }
             }
 #pragma unroll
@@ -409,6 +420,8 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
             float sx = 0.f, sy = 0.f, sz = 0.f;
 #pragma unroll
             for (int w = 0; w < BWG_WARPS; ++w) sx += sm.qg[w][0][qt], sy += sm.qg[w][1][qt], sz += sm.qg[w][2][qt];
+            const float4 xq = sm.xq[par][qt], o = sm.org;
+            gacc -= (xq.x - o.x) * sx + (xq.y - o.y) * sy + (xq.z - o.z) * sz;
             float* d = dxb + 3 * (i64)(i0 + qt);
             if (sx != 0.f) atomicAdd(d, -2.f * g * sx);
             if (sy != 0.f) atomicAdd(d + 1, -2.f * g * sy);
@@ -487,6 +500,8 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
             sz += __shfl_xor_sync(0xffffffffu, sz, m);
         }
         if (tig == 0 && key[hh] < L) {
+            const float4 o = sm.org;
+            gacc -= (kx[hh] - o.x) * sx + (ky[hh] - o.y) * sy + (kz[hh] - o.z) * sz;
             float* d = dxb + 3 * (i64)key[hh];
             if (sx != 0.f) atomicAdd(d, -2.f * g * sx);
             if (sy != 0.f) atomicAdd(d + 1, -2.f * g * sy);

@@ -423,6 +423,8 @@ def flash_backward(q, k, v, coords, gamma, cutoff, mask, scale, out, lse, dout) 
         hd = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_delta_{sfx}", cfg)
         variant = bwd_variant(cfg)
         prefix = {"simt": "", "mma": "mma_", "wg": "wg_"}[variant]
+        if variant == "wg" and cutoff2 >= 0:
+            prefix = "wg_cut_"  # (the wgmma kernel with the cutoff's test: a kernel of its own, for registers)
         hb = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_{prefix}{sfx}", cfg, arch_specific=variant == "wg")
         bn, threads, smem = bwd_block(cfg, variant)  # (build_plan opts in to smem above 48 KB)
         plans = [

@@ -330,14 +330,15 @@ def check_flash_backward_for_sanitizer() -> None:
 def check_flash_backward_wg_for_sanitizer() -> None:
     """The wgmma backward flash_bwd_wg_* (BW_MMA=2; on a device other than compute capability 9.0 the
     mma.sync kernel again) at B = 2, L = 100 (two query tiles, one partial; two key blocks), H = 2, d = 64,
-    with mask and cutoff: small enough for racecheck (compute-sanitizer section "attention_bwd_wg")."""
+    with mask, with and without a cutoff: small enough for racecheck (compute-sanitizer section "attention_bwd_wg")."""
     saved = dict(fb.BWD_OVERRIDES)
     try:
         for knobs, dtype in (({}, "bfloat16"), ({}, "float16"), ({"BWG_DQ_MMA": 1}, "bfloat16"),
                              ({"BWG_DQ_BULK": 1}, "bfloat16")):
             fb.BWD_OVERRIDES.clear()
             fb.BWD_OVERRIDES.update(saved, BW_MMA=2, **knobs)
-            check(dtype, 2, 100, 2, 64, mask=True, cutoff=9.0, seed=3)
+            for cutoff in (9.0, None):  # flash_bwd_wg_cut_* and flash_bwd_wg_*
+                check(dtype, 2, 100, 2, 64, mask=True, cutoff=cutoff, seed=3)
     finally:
         fb.BWD_OVERRIDES.clear()
         fb.BWD_OVERRIDES.update(saved)
@@ -347,13 +348,15 @@ def check_flash_backward_wg_for_sanitizer() -> None:
 def check_flash_backward_wg128_for_sanitizer() -> None:
     """The wgmma backward with BWG_KEYS=128 (two warpgroups a block, dynamic shared memory) at B = 2,
     L = 150 (two key blocks, the second partial; three query tiles, the last partial), H = 2, d = 64, with
-    mask and cutoff, dQ on wgmma and on mma.sync (compute-sanitizer section "attention_bwd_wg128")."""
+    mask, with and without a cutoff, dQ on wgmma and on mma.sync (compute-sanitizer section
+    "attention_bwd_wg128")."""
     saved = dict(fb.BWD_OVERRIDES)
     try:
         for knobs, dtype in (({}, "bfloat16"), ({}, "float16"), ({"BWG_DQ_MMA": 1}, "bfloat16")):
             fb.BWD_OVERRIDES.clear()
             fb.BWD_OVERRIDES.update(saved, **WG128, **knobs)
-            check(dtype, 2, 150, 2, 64, mask=True, cutoff=9.0, seed=3)
+            for cutoff in (9.0, None):
+                check(dtype, 2, 150, 2, 64, mask=True, cutoff=cutoff, seed=3)
     finally:
         fb.BWD_OVERRIDES.clear()
         fb.BWD_OVERRIDES.update(saved)

@@ -169,6 +169,10 @@ def emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, dout, dq_mma=False
         pad = np.zeros(keys, bool)
         kok = (key < L) & (True if mask is None else np.concatenate([mask[b], pad])[key])
         xk = np.where(kok[:, None], np.concatenate([x[b], np.zeros((keys, 3))])[np.minimum(key, L + keys - 1)], 0.0)
+        if c2 >= 0:  # (flash_bwd_wg_cut_*: keys without finite coordinates are in no pair)
+            kok &= np.isfinite(xk).all(axis=1)
+            xk = np.where(kok[:, None], xk, 0.0)
+        o = x[b, j0] if np.isfinite(x[b, j0]).all() else np.zeros(3)  # sm.org: dgamma's origin
         dva, dka = np.zeros((nw, 32, 32)), np.zeros((nw, 32, 32))
         cg = np.zeros((nw, 32, 2, 3))  # keys grp (+ 8): sum dS (x_j - x_i)
         gacc = 0.0
@@ -177,8 +181,11 @@ def emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, dout, dq_mma=False
             dos = cp_async_tile(rows_of(dout, b, h, i0), threads)
             qi = i0 + np.arange(T)
             inq = qi < L
-            xq = np.where(inq[:, None], np.concatenate([x[b], np.zeros((T, 3))])[np.minimum(qi, L + T - 1)], 0.0)
+            # rows in no pair (past the end, lse = -inf): coordinates 0, lse +inf, Dlt 0
             lq = np.where(inq, np.concatenate([lse[b, h], np.zeros(T)])[np.minimum(qi, L + T - 1)], -np.inf)
+            inq &= lq != -np.inf
+            lq = np.where(inq, lq, np.inf)
+            xq = np.where(inq[:, None], np.concatenate([x[b], np.zeros((T, 3))])[np.minimum(qi, L + T - 1)], 0.0)
             dl = np.where(inq, np.concatenate([delta[b, h], np.zeros(T)])[np.minimum(qi, L + T - 1)], 0.0)
             # 1. S^T, dP^T: B = Q, dO K-major (B^T[n][k] = row n, column 16 kk + k); each warpgroup its 64
             # rows of K, V (stacked here: the same products)
@@ -189,12 +196,11 @@ def emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, dout, dq_mma=False
             xqe, kxe = xq[col_], xk[row_]
             dxyz = xqe - kxe
             d2 = np.sum(dxyz**2, axis=-1)
-            ok = kok[row_] & (lq[col_] != -np.inf) & ((c2 < 0) | (d2 <= c2))
+            ok = kok[row_] & ((c2 < 0) | (d2 <= c2))
             with np.errstate(invalid="ignore", over="ignore"):
                 p = np.where(ok, np.exp(scale * st - g * d2 - lq[col_]), 0.0)
-            ds = np.where(ok, p * (dpt - dl[col_]), 0.0)
-            gacc -= float(np.sum(np.where(ok, ds * d2, 0.0)))  # (the kernel adds it only for pairs in play)
-            f = np.where((ds != 0)[..., None], ds[..., None] * dxyz, 0.0)  # (warp, lane, 32, 3)
+            ds = p * (dpt - dl[col_])  # (no test of dS: every staged coordinate is finite)
+            f = ds[..., None] * dxyz  # (warp, lane, 32, 3)
             for hh in (0, 1):
                 cg[:, :, hh] -= f[:, :, (np.arange(32) & 3) >> 1 == hh].sum(axis=2)
             qg = np.full((nw, 3, T), np.nan)
@@ -250,6 +256,7 @@ def emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, dout, dq_mma=False
                     np.add.at(dq, (b, qr[ok], h, cc[ok]), scale * vals[..., c][ok])
             qsum = qg.sum(axis=0).T  # (64, 3)
             dx[b, qi[inq]] += -2 * g * qsum[inq]
+            gacc -= float(np.sum((xq - o) * qsum))  # dgamma's query side
         # dK, dV; the key side of dcoords (sum over tig); dgamma
         krow = j0 + row_
         okk = krow < L
@@ -260,6 +267,7 @@ def emulate(q, k, v, x, gamma, cutoff, mask, scale, out, lse, dout, dq_mma=False
             kj = j0 + 16 * np.arange(nw)[:, None] + np.arange(8)[None, :] + 8 * hh
             okj = kj < L
             dx[b, kj[okj]] += -2 * g * s[okj]
+            gacc -= float(np.sum((xk[kj - j0] - o) * s))  # dgamma's key side
         dg[h] += gacc
     return dq, dk, dv, dx, dg
 
