@@ -5,7 +5,7 @@
 // the cutoff. Given the forward's out and lse (per row, natural log, -inf for a row with no key) and
 // dO = d loss / d out:
 //   P_ij = exp(l_ij - lse_i)          (recomputed here from q, k, coords and lse; never stored in global)
-//   Dlt_i = dO_i . out_i              (flash_bwd_delta_*)
+//   Dlt_i = dO_i . out_i              (flash_bwd_delta_*, which also zeroes the accumulators below)
 //   dS_ij = P_ij (dO_i . v_j - Dlt_i)
 //   dV_j = sum_i P_ij dO_i,  dK_j = scale sum_i dS_ij q_i,  dQ_i = scale sum_j dS_ij k_j
 //   dgamma_h = -sum_ij dS_ij |x_i - x_j|^2
@@ -185,25 +185,42 @@ __device__ __forceinline__ void bw_forward(const typename Bw<KIND>::S* q, const 
 // One thread per (b, i, h) row r = (b L + i) H + h; delta is (B, H, L). Grid-stride over B L H rows.
 template <int KIND>
 __device__ __forceinline__ void bw_delta(const typename Bw<KIND>::S* out, const typename Bw<KIND>::S* dout,
-                                         typename Bw<KIND>::A* delta, int L, int H, i64 rows) {
+                                         typename Bw<KIND>::A* delta, typename Bw<KIND>::A* dq_acc,
+                                         typename Bw<KIND>::A* dcoords, typename Bw<KIND>::A* dgamma, i64 ndc,
+                                         int L, int H, i64 rows) {
+    // One warp per row (lanes along the row: coalesced), which also zeroes the row's dQ accumulator; the
+    // first threads zero dcoords and dgamma: the accumulators of the main kernel, with no fill of their own.
     typedef typename Bw<KIND>::A A;
-    PG_GRID_STRIDE_LOOP(r, rows) {
+    const int lane = threadIdx.x & 31;
+    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 r = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += warps) {
         const typename Bw<KIND>::S* o = out + r * HEAD_DIM;
         const typename Bw<KIND>::S* d = dout + r * HEAD_DIM;
         A s = 0;
-        for (int c = 0; c < HEAD_DIM; ++c) s += bw_ld<KIND>(o + c) * bw_ld<KIND>(d + c);
-        const i64 h = r % H, bi = r / H;  // bi = b L + i
-        const i64 b = bi / L, i = bi - b * L;
-        delta[(b * H + h) * L + i] = s;
+        for (int c = lane; c < HEAD_DIM; c += 32) {
+            s += bw_ld<KIND>(o + c) * bw_ld<KIND>(d + c);
+            dq_acc[r * HEAD_DIM + c] = 0;
+        }
+        s = bw_warp_sum(s);
+        if (lane == 0) {
+            const i64 h = r % H, bi = r / H;  // bi = b L + i
+            const i64 b = bi / L, i = bi - b * L;
+            delta[(b * H + h) * L + i] = s;
+        }
+    }
+    PG_GRID_STRIDE_LOOP(t, ndc + H) {
+        if (t < ndc) dcoords[t] = 0;
+        else dgamma[t - ndc] = 0;
     }
 }
 
 // ---- the backward ----------------------------------------------------------------------------------
 //   q, k, v, dout: (B, L, H, HEAD_DIM) in S; coords (x, y, z) of batch entry b at coords + b xstride
-//   (xstride 0: shared), and dcoords with the same layout (accumulated with atomics, zeroed by the host);
+//   (xstride 0: shared), and dcoords with the same layout (accumulated with atomics; zeroed by
+//   flash_bwd_delta_*, as dq_acc and dgamma);
 //   gamma (H,); mask: bytes, batch entry b at mask + b mstride, or NULL; lse, delta: (B, H, L);
-//   dq_acc: (B, L, H, HEAD_DIM) in A, zeroed by the host; dk, dv: (B, L, H, HEAD_DIM) in S, written;
-//   dgamma: (H,), zeroed by the host; cutoff2 < 0: no cutoff.
+//   dq_acc: (B, L, H, HEAD_DIM) in A; dk, dv: (B, L, H, HEAD_DIM) in S, written;
+//   dgamma: (H,); cutoff2 < 0: no cutoff.
 // Grid (ceil(L / BW_BN), H, B); block BW_THREADS.
 template <int KIND>
 __device__ __forceinline__ void bw_backward(const typename Bw<KIND>::S* q, const typename Bw<KIND>::S* k,
@@ -442,27 +459,31 @@ extern "C" __global__ void flash_bwd_fwd_f64(const double* q, const double* k, c
 }
 
 extern "C" __global__ void flash_bwd_delta_bf16(const __nv_bfloat16* out, const __nv_bfloat16* dout, float* delta,
-                                                int L, int H, long long rows) {
+                        float* dq_acc, float* dcoords, float* dgamma, long long ndc, int L, int H,
+                        long long rows) {
 #if BW_KIND == BW_BF16
-    bw_delta<BW_BF16>(out, dout, delta, L, H, rows);
+    bw_delta<BW_BF16>(out, dout, delta, dq_acc, dcoords, dgamma, ndc, L, H, rows);
 #endif
 }
-extern "C" __global__ void flash_bwd_delta_f16(const __half* out, const __half* dout, float* delta, int L, int H,
-                                               long long rows) {
+extern "C" __global__ void flash_bwd_delta_f16(const __half* out, const __half* dout, float* delta,
+                        float* dq_acc, float* dcoords, float* dgamma, long long ndc, int L, int H,
+                        long long rows) {
 #if BW_KIND == BW_F16
-    bw_delta<BW_F16>(out, dout, delta, L, H, rows);
+    bw_delta<BW_F16>(out, dout, delta, dq_acc, dcoords, dgamma, ndc, L, H, rows);
 #endif
 }
-extern "C" __global__ void flash_bwd_delta_f32(const float* out, const float* dout, float* delta, int L, int H,
-                                               long long rows) {
+extern "C" __global__ void flash_bwd_delta_f32(const float* out, const float* dout, float* delta,
+                        float* dq_acc, float* dcoords, float* dgamma, long long ndc, int L, int H,
+                        long long rows) {
 #if BW_KIND == BW_F32
-    bw_delta<BW_F32>(out, dout, delta, L, H, rows);
+    bw_delta<BW_F32>(out, dout, delta, dq_acc, dcoords, dgamma, ndc, L, H, rows);
 #endif
 }
-extern "C" __global__ void flash_bwd_delta_f64(const double* out, const double* dout, double* delta, int L, int H,
-                                               long long rows) {
+extern "C" __global__ void flash_bwd_delta_f64(const double* out, const double* dout, double* delta,
+                        double* dq_acc, double* dcoords, double* dgamma, long long ndc, int L, int H,
+                        long long rows) {
 #if BW_KIND == BW_F64
-    bw_delta<BW_F64>(out, dout, delta, L, H, rows);
+    bw_delta<BW_F64>(out, dout, delta, dq_acc, dcoords, dgamma, ndc, L, H, rows);
 #endif
 }
 

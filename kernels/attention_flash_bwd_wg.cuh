@@ -310,9 +310,11 @@ __device__ __forceinline__ void bwg_backward(unsigned char* raw, const unsigned 
                     const float ds = p * (dpt[4 * n + e] - sm.dl[par][qc]);
                     st[4 * n + e] = p;
                     dpt[4 * n + e] = ds;
-                    cgx[hh] = fmaf(-ds, dx, cgx[hh]), cgy[hh] = fmaf(-ds, dy, cgy[hh]), cgz[hh] = fmaf(-ds, dz, cgz[hh]);
+                    cgx[hh] = fmaf(-ds, dx, cgx[hh]), cgy[hh] = fmaf(-ds, dy, cgy[hh]);
+                    cgz[hh] = fmaf(-ds, dz, cgz[hh]);
                     if (hh == 0) qp[0][c] = ds * dx, qp[1][c] = ds * dy, qp[2][c] = ds * dz;
-                    else qp[0][c] = fmaf(ds, dx, qp[0][c]), qp[1][c] = fmaf(ds, dy, qp[1][c]), qp[2][c] = fmaf(ds, dz, qp[2][c]);
+                    else
+                        qp[0][c] = fmaf(ds, dx, qp[0][c]), qp[1][c] = fmaf(ds, dy, qp[1][c]), qp[2][c] = fmaf(ds, dz, qp[2][c]);
                 }
             }
 #pragma unroll

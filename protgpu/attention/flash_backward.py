@@ -407,15 +407,15 @@ def flash_backward(q, k, v, coords, gamma, cutoff, mask, scale, out, lse, dout) 
     oc, doc = lib.ready(out, qc.dtype), lib.ready(dout, qc.dtype, align=16)
     lc = lib.ready(lse, adt)
     sixteen = prec in ("bfloat16", "float16")
-    dq_acc = lib.zeros((B, L, H, d), adt)  # float32 / float64: the result itself
+    dq_acc = lib.empty((B, L, H, d), adt)  # float32 / float64: the result itself (zeroed by the delta kernel)
     dk, dv = lib.empty((B, L, H, d), qc.dtype), lib.empty((B, L, H, d), qc.dtype)
-    dcoords = lib.zeros(tuple(x.shape), adt)
-    dgamma = lib.zeros((H,), adt)
+    dcoords = lib.empty(tuple(x.shape), adt)  # (zeroed by the delta kernel, as dgamma)
+    dgamma = lib.empty((H,), adt)
     delta = lib.empty((B, H, L), adt)
     dev = lib.device_id
     sfx = _SUFFIX[prec]
     cfg = bwd_config(prec, d)
-    rows, n = B * L * H, B * L * H * d
+    rows, n, ndc = B * L * H, B * L * H * d, int(np.prod(x.shape))
     key = ("bwd", dev, prec, B, L, H, d, xstride, mstride, scale_f, cutoff2, tuple(sorted(cfg.items())))
 
     def build():
@@ -428,8 +428,8 @@ def flash_backward(q, k, v, coords, gamma, cutoff, mask, scale, out, lse, dout) 
         hb = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_{prefix}{sfx}", cfg, arch_specific=variant == "wg")
         bn, threads, smem = bwd_block(cfg, variant)  # (build_plan opts in to smem above 48 KB)
         plans = [
-            _cuda.build_plan(hd, (_elementwise_grid(rows),), (_ELEMENTWISE_THREADS,),
-                             (np.int32(L), np.int32(H), np.int64(rows))),
+            _cuda.build_plan(hd, (_elementwise_grid(32 * rows),), (_ELEMENTWISE_THREADS,),  # (a warp a row)
+                             (np.int64(ndc), np.int32(L), np.int32(H), np.int64(rows))),
             _cuda.build_plan(hb, ((L + bn - 1) // bn, H, B), (threads,),
                              (np.int32(L), np.int32(H), np.int32(xstride), np.int32(mstride), st(scale_f),
                               st(cutoff2)), shared_mem=smem),
@@ -441,7 +441,8 @@ def flash_backward(q, k, v, coords, gamma, cutoff, mask, scale, out, lse, dout) 
 
     plans = _plan(key, build)
     s = lib.stream
-    plans[0].launch(s, dev, lib.ptr(oc), lib.ptr(doc), lib.ptr(delta))
+    plans[0].launch(s, dev, lib.ptr(oc), lib.ptr(doc), lib.ptr(delta), lib.ptr(dq_acc), lib.ptr(dcoords),
+                    lib.ptr(dgamma))
     plans[1].launch(s, dev, lib.ptr(qc), lib.ptr(kc), lib.ptr(vc), lib.ptr(x), _gptr(lib, g), lib.ptr(m),
                     lib.ptr(doc), lib.ptr(lc), lib.ptr(delta), lib.ptr(dq_acc), lib.ptr(dk), lib.ptr(dv),
                     lib.ptr(dcoords), lib.ptr(dgamma))
