@@ -166,21 +166,29 @@ def _register():
     class AttentionFunction(torch.autograd.Function):
         """The op's forward and backward for eager calls: ``Function.apply`` costs some 10 us of host
         time, the custom op's dispatch about 5x that (measured on the CPU); torch.compile takes the op
-        (its fake implementation traces the graph)."""
+        (its fake implementation traces the graph). ``call``: the flash kernels' prepared launches for
+        the call's signature (:class:`protgpu.attention.flash_backward.TorchCall`), or None."""
 
         @staticmethod
-        def forward(ctx, q, k, v, coords, gamma, mask, cutoff, scale):
-            out, lse = _forward_impl(q, k, v, coords, gamma, mask, cutoff, scale)
+        def forward(ctx, q, k, v, coords, gamma, mask, cutoff, scale, call=None):
+            if call is not None:
+                out, lse = call.forward(q, k, v, coords, gamma, mask)
+            else:
+                out, lse = _forward_impl(q, k, v, coords, gamma, mask, cutoff, scale)
             ctx.save_for_backward(q, k, v, coords, gamma, mask, out, lse)
-            ctx.cutoff, ctx.scale = cutoff, scale
+            ctx.cutoff, ctx.scale, ctx.call = cutoff, scale, call
             return out
 
         @staticmethod
         @torch.autograd.function.once_differentiable
         def backward(ctx, dout):
             q, k, v, coords, gamma, mask, out, lse = ctx.saved_tensors
-            grads = _backward_impl(q, k, v, coords, gamma, mask, ctx.cutoff, ctx.scale, out, lse, dout.contiguous())
-            return (*grads, None, None, None)
+            if ctx.call is not None:  # (gradients in the inputs' dtypes already)
+                grads = ctx.call.backward(q, k, v, coords, gamma, mask, out, lse, dout)
+            else:
+                grads = _backward_impl(q, k, v, coords, gamma, mask, ctx.cutoff, ctx.scale, out, lse,
+                                       dout.contiguous())
+            return (*grads, None, None, None, None)
 
     return attention_op, attention_backward_op, AttentionFunction
 
@@ -331,11 +339,99 @@ def _coords_tensor(coords, B: int, L: int, squeeze: bool, q) -> torch.Tensor:
     return x
 
 
+def _mask_tensor(mask, B: int, L: int, q) -> torch.Tensor | None:
+    """The mask as a (B, L) bool tensor on q's device (an expanded view of a shared (L,) mask)."""
+    if mask is None:
+        return None
+    m = torch.as_tensor(mask, device=q.device)
+    if m.dtype is not torch.bool:
+        raise InputError(f"mask must be boolean (True = a real residue), got dtype {m.dtype}")
+    if tuple(m.shape) == (L,):
+        return m.expand(B, L)
+    if tuple(m.shape) != (B, L):
+        raise InputError(f"mask must have shape ({L},) or ({B}, {L}), got {tuple(m.shape)}")
+    return m
+
+
+class _Step:
+    """What :func:`attention_torch` settles once per call signature (:func:`_signature`): the checks have
+    passed, and which operands go to the op as they come (``*_direct``) or through their conversions
+    (which check again), the flash kernels' prepared launches (``call``, CUDA), cutoff and scale."""
+
+    __slots__ = ("B", "H", "L", "call", "coords_direct", "cutoff", "gamma_const", "gamma_direct", "mask_direct",
+                 "scale", "squeeze")
+
+    def __call__(self, q, k, v, coords, gamma, mask):
+        squeeze = self.squeeze
+        if squeeze:
+            q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+        x = coords if self.coords_direct else _coords_tensor(coords, self.B, self.L, squeeze, q)
+        g = self.gamma_const
+        if g is None:
+            g = gamma if self.gamma_direct else _gamma_tensor(gamma, self.H, q)
+        m = mask if self.mask_direct else _mask_tensor(mask, self.B, self.L, q)
+        if torch.compiler.is_compiling():
+            out = attention_op(q, k, v, x, g, m, self.cutoff, self.scale)[0]
+        else:
+            out = _AttentionFunction.apply(q, k, v, x, g, m, self.cutoff, self.scale, self.call)
+        return out[0] if squeeze else out
+
+
+_STEPS: dict = {}
+_MAX_STEPS = 256
+
+
+def _signature(q, k, v, coords, gamma, cutoff, mask, scale, device):
+    """The key of a call's :class:`_Step`: everything its checks and conversions depend on (shapes, dtypes
+    and devices; gamma's value when it is a number; cutoff, scale, device; the backward's knobs), or
+    None for a call checked in full every time (coordinates or a mask that are not tensors, gamma a list
+    or a host tensor, whose values are checked)."""
+    T = torch.Tensor
+    if not (isinstance(k, T) and isinstance(v, T) and isinstance(coords, T)):
+        return None
+    if isinstance(gamma, T):
+        if gamma.device.type == "cpu":
+            return None
+        gkey = (gamma.shape, gamma.dtype, gamma.device)
+    elif isinstance(gamma, (float, int)) and not isinstance(gamma, bool):
+        gkey = float(gamma)
+    else:
+        return None
+    if mask is None:
+        mkey = None
+    elif isinstance(mask, T):
+        mkey = (mask.shape, mask.dtype, mask.device)
+    else:
+        return None
+    knobs = _flash_bwd.BWD_OVERRIDES if _flash_bwd is not None else None
+    return (q.shape, q.dtype, q.device, k.shape, k.dtype, k.device, v.shape, v.dtype, v.device, coords.shape,
+            coords.dtype, coords.device, gkey, mkey, cutoff, scale, device,
+            tuple(sorted(knobs.items())) if knobs else ())
+
+
 def attention_torch(q, k, v, coords, gamma, cutoff, mask, scale, device="auto"):
     """``pg.attention`` on torch tensors through the differentiable op (see :func:`needs_op`).
 
     Parameters are those of :func:`protgpu.attention`; the result is ``out`` with its autograd history.
+    A call's checks run once per signature (:func:`_signature`); later calls of the signature go straight
+    to the op.
     """
+    try:
+        key = _signature(q, k, v, coords, gamma, cutoff, mask, scale, device)
+        step = _STEPS.get(key) if key is not None else None
+    except TypeError:  # (an unhashable cutoff or scale: checked below, every call)
+        key = step = None
+    if step is None:
+        step = _prepare(q, k, v, coords, gamma, cutoff, mask, scale, device)
+        if key is not None:
+            if len(_STEPS) >= _MAX_STEPS:
+                _STEPS.clear()
+            _STEPS[key] = step
+    return step(q, k, v, coords, gamma, mask)
+
+
+def _prepare(q, k, v, coords, gamma, cutoff, mask, scale, device) -> _Step:
+    """Check a call in full and settle its :class:`_Step`."""
     if device not in ("auto", "gpu" if q.is_cuda else "cpu"):
         raise InputError(f"device={device!r} with {'CUDA' if q.is_cuda else 'CPU'} tensors that require grad: "
                          "gradients are computed where the tensors live; move them, or pass device='auto'")
@@ -349,24 +445,24 @@ def attention_torch(q, k, v, coords, gamma, cutoff, mask, scale, device="auto"):
     if q.dim() not in (3, 4) or q.numel() == 0:
         raise InputError(f"q must have non-empty shape (B, L, H, d) or (L, H, d), got {tuple(q.shape)}")
     squeeze = q.dim() == 3
-    if squeeze:
-        q, k, v = q[None], k[None], v[None]
-    B, L, H, d = q.shape
-    x = _coords_tensor(coords, B, L, squeeze, q)
-    g = _gamma_tensor(gamma, H, q)
-    cutoff, scale = _check_cutoff_scale(cutoff, scale, d)
-    m = None
-    if mask is not None:
-        m = torch.as_tensor(mask, device=q.device)
-        if m.dtype is not torch.bool:
-            raise InputError(f"mask must be boolean (True = a real residue), got dtype {m.dtype}")
-        if tuple(m.shape) == (L,):
-            m = m.expand(B, L)
-        elif tuple(m.shape) != (B, L):
-            raise InputError(f"mask must have shape ({L},) or ({B}, {L}), got {tuple(m.shape)}")
-    if torch.compiler.is_compiling():
-        out = attention_op(q, k, v, x, g, m, cutoff, scale)[0]
-    else:
-        out = _AttentionFunction.apply(q, k, v, x, g, m, cutoff, scale)
-    return out[0] if squeeze else out
-
+    qb = q[None] if squeeze else q
+    B, L, H, d = qb.shape
+    x = _coords_tensor(coords, B, L, squeeze, qb)
+    g = _gamma_tensor(gamma, H, qb)
+    m = _mask_tensor(mask, B, L, qb)
+    step = _Step()
+    step.B, step.L, step.H, step.squeeze = B, L, H, squeeze
+    step.cutoff, step.scale = _check_cutoff_scale(cutoff, scale, d)
+    ct = _compute_dtype(q)
+    T = torch.Tensor
+    step.coords_direct = (not squeeze and isinstance(coords, T) and tuple(coords.shape) == (B, L, 3)
+                          and coords.dtype == ct and coords.device == q.device)
+    step.gamma_const = None if isinstance(gamma, T) else g  # (a number: its device tensor, checked)
+    step.gamma_direct = (isinstance(gamma, T) and tuple(gamma.shape) == (H,) and gamma.dtype == ct
+                         and gamma.device == q.device)
+    step.mask_direct = mask is None or (isinstance(mask, T) and mask.dtype is torch.bool
+                                        and tuple(mask.shape) == (B, L) and mask.device == q.device)
+    step.call = None
+    if _flash_supported(qb):
+        step.call = _flash_bwd.TorchCall(qb, x, m, step.cutoff, step.scale)
+    return step

@@ -263,27 +263,35 @@ def _gptr(lib: _Lib, g) -> int:
     return g.data.ptr if is_cupy_array(g) else lib.ptr(g)
 
 
+def _coords_stride(shape: tuple, B: int, L: int) -> int:
+    """The batch stride of coordinates of this shape (0: one set shared by the batch)."""
+    if shape in ((L, 3), (1, L, 3)):
+        return 0
+    if shape == (B, L, 3):
+        return 3 * L
+    raise InputError(f"coords have shape {shape}; expected ({B}, {L}, 3) or ({L}, 3)")
+
+
+def _mask_stride(shape: tuple, B: int, L: int) -> int:
+    """The batch stride of a mask of this shape (0: one mask shared by the batch)."""
+    if shape in ((L,), (1, L)):
+        return 0
+    if shape == (B, L):
+        return L
+    raise InputError(f"mask has shape {shape}; expected ({B}, {L}) or ({L},)")
+
+
 def _coords(lib: _Lib, coords, B: int, L: int, dtype_name: str):
     """Coordinates as contiguous (., L, 3) in the arithmetic type and their batch stride (0: shared)."""
-    shape = tuple(coords.shape)
-    if shape in ((L, 3), (1, L, 3)):
-        xstride = 0
-    elif shape == (B, L, 3):
-        xstride = 3 * L
-    else:
-        raise InputError(f"coords have shape {shape}; expected ({B}, {L}, 3) or ({L}, 3)")
+    xstride = _coords_stride(tuple(coords.shape), B, L)
     return lib.ready(coords, lib.dtype(dtype_name)), xstride
 
 
 def _mask(lib: _Lib, mask, B: int, L: int):
     if mask is None:
         return None, 0
-    shape = tuple(mask.shape)
-    if shape in ((L,), (1, L)):
-        return lib.mask_bytes(mask), 0
-    if shape == (B, L):
-        return lib.mask_bytes(mask), L
-    raise InputError(f"mask has shape {shape}; expected ({B}, {L}) or ({L},)")
+    mstride = _mask_stride(tuple(mask.shape), B, L)
+    return lib.mask_bytes(mask), mstride
 
 
 def _scalars(d: int, cutoff, scale) -> tuple[float, float]:
@@ -317,6 +325,69 @@ def _check(q, k, v) -> tuple[str, tuple]:
     return _precision(q), tuple(q.shape)
 
 
+def _forward_plan(prec: str, dev: int, B: int, L: int, H: int, d: int, xstride: int, mstride: int, scale_f: float,
+                  cutoff2: float):
+    """The forward's launch plan (kernel, grid, scalar tail) for one shape, built once: the tensor-core
+    ``attention_flash.cu`` with ``FA_WRITE_LSE=1`` where :func:`~protgpu.attention.flash.fused_kernel` takes
+    it, else ``flash_bwd_fwd_*``. Its pointers: q, k, v, coords, gamma, mask, out, lse."""
+    mma = fused_kernel(prec, d) == "mma"
+    key = ("fwd", dev, prec, B, L, H, d, xstride, mstride, scale_f, cutoff2, mma,
+           tuple(sorted(BWD_OVERRIDES.items())))
+
+    def build():
+        from .. import _cuda
+
+        st = np.float64 if prec == "float64" else np.float32
+        tail = (np.int32(L), np.int32(H), np.int32(xstride), np.int32(mstride), st(scale_f), st(cutoff2))
+        if mma:
+            cfg = dict(flash_config(d), FA_WRITE_LSE=1)
+            entry, arch_specific = flash_entry(prec, cfg, cutoff2, lse=True)
+            h = _cuda.get_kernel("attention_flash", entry, cfg, arch_specific=arch_specific)
+            rows = flash_block_m(cfg)
+            return _cuda.build_plan(h, ((L + rows - 1) // rows, H, B), (32 * int(cfg["FA_WARPS"]),), tail)
+        h = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_fwd_{_SUFFIX[prec]}", bwd_config(prec, d))
+        return _cuda.build_plan(h, ((L + _FWD_WARPS - 1) // _FWD_WARPS, H, B), (32 * _FWD_WARPS,), tail)
+
+    return _plan(key, build)
+
+
+def _backward_plans(prec: str, dev: int, B: int, L: int, H: int, d: int, xstride: int, mstride: int, scale_f: float,
+                    cutoff2: float, ndc: int) -> list:
+    """The backward's launch plans for one shape, built once: ``flash_bwd_delta_*`` (pointers out, dout,
+    delta, dq_acc, dcoords, dgamma), the backward proper of :func:`bwd_variant` (q, k, v, coords, gamma,
+    mask, dout, lse, delta, dq_acc, dk, dv, dcoords, dgamma) and, for 16-bit inputs, ``flash_bwd_dq_*``
+    (dq_acc, dq). ``ndc``: the number of coordinate values (dcoords' size)."""
+    cfg = bwd_config(prec, d)
+    key = ("bwd", dev, prec, B, L, H, d, xstride, mstride, scale_f, cutoff2, tuple(sorted(cfg.items())))
+
+    def build():
+        from .. import _cuda
+
+        sfx = _SUFFIX[prec]
+        rows, n = B * L * H, B * L * H * d
+        st = np.float64 if prec == "float64" else np.float32
+        hd = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_delta_{sfx}", cfg)
+        variant = bwd_variant(cfg)
+        prefix = {"simt": "", "mma": "mma_", "wg": "wg_"}[variant]
+        if variant == "wg" and cutoff2 >= 0:
+            prefix = "wg_cut_"  # (the wgmma kernel with the cutoff's test: a kernel of its own, for registers)
+        hb = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_{prefix}{sfx}", cfg, arch_specific=variant == "wg")
+        bn, threads, smem = bwd_block(cfg, variant)  # (build_plan opts in to smem above 48 KB)
+        plans = [
+            _cuda.build_plan(hd, (_elementwise_grid(32 * rows),), (_ELEMENTWISE_THREADS,),  # (a warp a row)
+                             (np.int64(ndc), np.int32(L), np.int32(H), np.int64(rows))),
+            _cuda.build_plan(hb, ((L + bn - 1) // bn, H, B), (threads,),
+                             (np.int32(L), np.int32(H), np.int32(xstride), np.int32(mstride), st(scale_f),
+                              st(cutoff2)), shared_mem=smem),
+        ]
+        if prec in ("bfloat16", "float16"):
+            hq = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_dq_{sfx}", cfg)
+            plans.append(_cuda.build_plan(hq, (_elementwise_grid(n),), (_ELEMENTWISE_THREADS,), (np.int64(n),)))
+        return plans
+
+    return _plan(key, build)
+
+
 def flash_forward_lse(q, k, v, coords, gamma, cutoff, mask, scale) -> tuple[Any, Any]:
     """The attention's output and log-sum-exp on the GPU.
 
@@ -346,29 +417,11 @@ def flash_forward_lse(q, k, v, coords, gamma, cutoff, mask, scale) -> tuple[Any,
     x, xstride = _coords(lib, coords, B, L, ar)
     m, mstride = _mask(lib, mask, B, L)
     g = lib.gamma(gamma, H, ar)
-    from .. import _cuda
-
     ops = [lib.ready(a, align=16) for a in (q, k, v)]  # cp.async reads 16-byte chunks
     out = lib.empty((B, L, H, d), ops[0].dtype)
     lse = lib.empty((B, H, L), lib.dtype(ar))
     dev = lib.device_id
-    mma = fused_kernel(prec, d) == "mma"
-    key = ("fwd", dev, prec, B, L, H, d, xstride, mstride, scale_f, cutoff2, mma,
-           tuple(sorted(BWD_OVERRIDES.items())))
-
-    def build():
-        st = np.float64 if prec == "float64" else np.float32
-        tail = (np.int32(L), np.int32(H), np.int32(xstride), np.int32(mstride), st(scale_f), st(cutoff2))
-        if mma:
-            cfg = dict(flash_config(d), FA_WRITE_LSE=1)
-            entry, arch_specific = flash_entry(prec, cfg, cutoff2, lse=True)
-            h = _cuda.get_kernel("attention_flash", entry, cfg, arch_specific=arch_specific)
-            rows = flash_block_m(cfg)
-            return _cuda.build_plan(h, ((L + rows - 1) // rows, H, B), (32 * int(cfg["FA_WARPS"]),), tail)
-        h = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_fwd_{_SUFFIX[prec]}", bwd_config(prec, d))
-        return _cuda.build_plan(h, ((L + _FWD_WARPS - 1) // _FWD_WARPS, H, B), (32 * _FWD_WARPS,), tail)
-
-    plan = _plan(key, build)
+    plan = _forward_plan(prec, dev, B, L, H, d, xstride, mstride, scale_f, cutoff2)
     plan.launch(lib.stream, dev, *(lib.ptr(a) for a in ops), lib.ptr(x), _gptr(lib, g), lib.ptr(m), lib.ptr(out),
                 lib.ptr(lse))
     return out, lse
@@ -401,54 +454,92 @@ def flash_backward(q, k, v, coords, gamma, cutoff, mask, scale, out, lse, dout) 
     x, xstride = _coords(lib, coords, B, L, ar)
     m, mstride = _mask(lib, mask, B, L)
     g = lib.gamma(gamma, H, ar)
-    from .. import _cuda
-
     qc, kc, vc = (lib.ready(a, align=16) for a in (q, k, v))  # (cp.async reads 16-byte chunks)
     oc, doc = lib.ready(out, qc.dtype), lib.ready(dout, qc.dtype, align=16)
     lc = lib.ready(lse, adt)
-    sixteen = prec in ("bfloat16", "float16")
-    dq_acc = lib.empty((B, L, H, d), adt)  # float32 / float64: the result itself (zeroed by the delta kernel)
-    dk, dv = lib.empty((B, L, H, d), qc.dtype), lib.empty((B, L, H, d), qc.dtype)
+    plans = _backward_plans(prec, lib.device_id, B, L, H, d, xstride, mstride, scale_f, cutoff2, int(np.prod(x.shape)))
+    return _launch_backward(lib, plans, qc, kc, vc, x, _gptr(lib, g), m, oc, doc, lc, adt)
+
+
+def _launch_backward(lib: _Lib, plans: list, q, k, v, x, gptr: int, m, out, dout, lse, adt) -> tuple:
+    """Allocate the gradients and launch :func:`_backward_plans`' kernels on ready operands (contiguous, of
+    the plans' dtypes, q, k, v and dout 16-byte aligned); ``gptr``: gamma's device address."""
+    shape = tuple(q.shape)
+    B, L, H, _ = shape
+    dq_acc = lib.empty(shape, adt)  # float32 / float64: the result itself (zeroed by the delta kernel)
+    dk, dv = lib.empty(shape, q.dtype), lib.empty(shape, q.dtype)
     dcoords = lib.empty(tuple(x.shape), adt)  # (zeroed by the delta kernel, as dgamma)
     dgamma = lib.empty((H,), adt)
     delta = lib.empty((B, H, L), adt)
-    dev = lib.device_id
-    sfx = _SUFFIX[prec]
-    cfg = bwd_config(prec, d)
-    rows, n, ndc = B * L * H, B * L * H * d, int(np.prod(x.shape))
-    key = ("bwd", dev, prec, B, L, H, d, xstride, mstride, scale_f, cutoff2, tuple(sorted(cfg.items())))
-
-    def build():
-        st = np.float64 if prec == "float64" else np.float32
-        hd = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_delta_{sfx}", cfg)
-        variant = bwd_variant(cfg)
-        prefix = {"simt": "", "mma": "mma_", "wg": "wg_"}[variant]
-        if variant == "wg" and cutoff2 >= 0:
-            prefix = "wg_cut_"  # (the wgmma kernel with the cutoff's test: a kernel of its own, for registers)
-        hb = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_{prefix}{sfx}", cfg, arch_specific=variant == "wg")
-        bn, threads, smem = bwd_block(cfg, variant)  # (build_plan opts in to smem above 48 KB)
-        plans = [
-            _cuda.build_plan(hd, (_elementwise_grid(32 * rows),), (_ELEMENTWISE_THREADS,),  # (a warp a row)
-                             (np.int64(ndc), np.int32(L), np.int32(H), np.int64(rows))),
-            _cuda.build_plan(hb, ((L + bn - 1) // bn, H, B), (threads,),
-                             (np.int32(L), np.int32(H), np.int32(xstride), np.int32(mstride), st(scale_f),
-                              st(cutoff2)), shared_mem=smem),
-        ]
-        if sixteen:
-            hq = _cuda.get_kernel("attention_flash_bwd", f"flash_bwd_dq_{sfx}", cfg)
-            plans.append(_cuda.build_plan(hq, (_elementwise_grid(n),), (_ELEMENTWISE_THREADS,), (np.int64(n),)))
-        return plans
-
-    plans = _plan(key, build)
-    s = lib.stream
-    plans[0].launch(s, dev, lib.ptr(oc), lib.ptr(doc), lib.ptr(delta), lib.ptr(dq_acc), lib.ptr(dcoords),
-                    lib.ptr(dgamma))
-    plans[1].launch(s, dev, lib.ptr(qc), lib.ptr(kc), lib.ptr(vc), lib.ptr(x), _gptr(lib, g), lib.ptr(m),
-                    lib.ptr(doc), lib.ptr(lc), lib.ptr(delta), lib.ptr(dq_acc), lib.ptr(dk), lib.ptr(dv),
-                    lib.ptr(dcoords), lib.ptr(dgamma))
-    if sixteen:
-        dq = lib.empty((B, L, H, d), qc.dtype)
-        plans[2].launch(s, dev, lib.ptr(dq_acc), lib.ptr(dq))
+    s, dev, ptr = lib.stream, lib.device_id, lib.ptr
+    plans[0].launch(s, dev, ptr(out), ptr(dout), ptr(delta), ptr(dq_acc), ptr(dcoords), ptr(dgamma))
+    plans[1].launch(s, dev, ptr(q), ptr(k), ptr(v), ptr(x), gptr, ptr(m), ptr(dout), ptr(lse), ptr(delta), ptr(dq_acc),
+                    ptr(dk), ptr(dv), ptr(dcoords), ptr(dgamma))
+    if len(plans) > 2:  # 16-bit: dQ from its float32 accumulator
+        dq = lib.empty(shape, q.dtype)
+        plans[2].launch(s, dev, ptr(dq_acc), ptr(dq))
     else:
         dq = dq_acc
     return dq, dk, dv, dcoords, dgamma
+
+
+class TorchCall:
+    """:func:`flash_forward_lse` and :func:`flash_backward` for one signature of torch CUDA inputs (shapes,
+    dtypes and device of q, k, v, coords, gamma and mask; cutoff, scale, ``BWD_OVERRIDES``), with what
+    follows from the signature settled once, at construction: the checks of :func:`supports`, the batch
+    strides of coords and mask, the launch plans. The autograd op keeps one per signature
+    (:mod:`protgpu.attention.autograd`), so that a training step's host work is its allocations and
+    launches.
+
+    A call checks only what may differ within a signature: that q, k, v (and dout) are contiguous and
+    16-byte aligned, coords, gamma and mask contiguous; operands that are not go to the general functions
+    (which copy them). Coordinates and gamma must be in the arithmetic dtype (float32; float64 for
+    float64 q), the mask boolean, all on q's device: the caller's signature guarantees it.
+
+    Parameters
+    ----------
+    q : torch CUDA tensor, shape (B, L, H, d)
+        An example of the signature's q (:func:`supports` must take it).
+    coords : shape (B, L, 3) or (L, 3)
+    mask : bool, shape (B, L) or (L,), or None
+    cutoff, scale : as :func:`flash_forward_lse`
+    """
+
+    __slots__ = ("adt", "bwd", "cutoff", "fwd", "lse_shape", "scale")
+
+    def __init__(self, q, coords, mask, cutoff, scale):
+        prec, (B, L, H, d) = _check(q, q, q)
+        self.cutoff, self.scale = cutoff, scale
+        self.adt = _Lib(q).dtype(_arith(prec))
+        self.lse_shape = (B, H, L)
+        scale_f, cutoff2 = _scalars(d, cutoff, scale)
+        xstride = _coords_stride(tuple(coords.shape), B, L)
+        mstride = 0 if mask is None else _mask_stride(tuple(mask.shape), B, L)
+        dev = q.device.index
+        self.fwd = _forward_plan(prec, dev, B, L, H, d, xstride, mstride, scale_f, cutoff2)
+        ndc = int(np.prod(coords.shape))
+        self.bwd = _backward_plans(prec, dev, B, L, H, d, xstride, mstride, scale_f, cutoff2, ndc)
+
+    @staticmethod
+    def _ready(q, k, v, x, g, m) -> bool:
+        return (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and x.is_contiguous()
+                and g.is_contiguous() and (m is None or m.is_contiguous())
+                and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)
+
+    def forward(self, q, k, v, x, g, m) -> tuple:
+        """As :func:`flash_forward_lse` (gamma a device tensor)."""
+        if not self._ready(q, k, v, x, g, m):
+            return flash_forward_lse(q, k, v, x, g, self.cutoff, m, self.scale)
+        lib = _Lib(q)
+        out = lib.empty(tuple(q.shape), q.dtype)
+        lse = lib.empty(self.lse_shape, self.adt)
+        self.fwd.launch(lib.stream, lib.device_id, q.data_ptr(), k.data_ptr(), v.data_ptr(), x.data_ptr(), g.data_ptr(),
+                        0 if m is None else m.data_ptr(), out.data_ptr(), lse.data_ptr())
+        return out, lse
+
+    def backward(self, q, k, v, x, g, m, out, lse, dout) -> tuple:
+        """As :func:`flash_backward` (out and lse this object's forward's)."""
+        if not (self._ready(q, k, v, x, g, m) and dout.dtype is q.dtype and dout.is_contiguous()
+                and not dout.data_ptr() & 15):
+            return flash_backward(q, k, v, x, g, self.cutoff, m, self.scale, out, lse, dout)
+        return _launch_backward(_Lib(q), self.bwd, q, k, v, x, g.data_ptr(), m, out, dout, lse, self.adt)

@@ -190,3 +190,55 @@ def test_fast_path_declines_an_unhashable_cutoff(gpu):
     q, k, v, x, g = problem(B=1, L=200)
     got = pg.attention(q, k, v, x, gamma=g, cutoff=np.array(10.0))
     assert torch.equal(got, pg.attention(q, k, v, x, gamma=g, cutoff=10.0))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided q", "offset k", "shared coords", "shared mask",
+                                    "expanded dout", "scalar gamma", "host gamma"])
+def test_prepared_call_and_its_fallbacks_agree(gpu, layout):
+    """A signature's second call runs the prepared launches (flash_backward.TorchCall) when the operands
+    are contiguous and aligned, the general functions (which copy) otherwise: the same gradients as a
+    call with fresh contiguous copies either way, on the first call and on repeated ones (to the rounding
+    of the gradients' atomic additions, whose order varies)."""
+    from protgpu.attention import autograd as ag
+
+    B, L, H, d = 2, 96, 4, 64
+    q, k, v, x, g = problem(B=B, L=L, H=H, d=d)
+    mask = torch.ones(B, L, dtype=torch.bool, device="cuda")
+    mask[1, 80:] = False
+    gamma = torch.nn.Parameter(g.clone())
+    if layout == "strided q":  # (B, L, H, d) view of a (B, H, L, d) tensor
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    if layout == "offset k":  # 2-byte offset: contiguous, not 16-byte aligned
+        k = torch.cat([k.new_zeros(1), k.reshape(-1)])[1:].view(B, L, H, d)
+    if layout == "shared coords":
+        x = x[0]
+    if layout == "shared mask":
+        mask = mask[1]
+    if layout == "scalar gamma":
+        gamma = torch.nn.Parameter(torch.tensor(0.03, device="cuda"))
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, x)]
+    if layout == "strided q":
+        leaves[0] = q.detach().clone().requires_grad_()  # (clone keeps the strides)
+        assert not leaves[0].is_contiguous()
+    if layout == "offset k":
+        leaves[1] = k.detach().requires_grad_()
+        assert leaves[1].data_ptr() % 16
+    gam = 0.03 if layout == "host gamma" else gamma
+
+    def run(ins, gm):
+        out = pg.attention(*ins, gamma=gm, mask=mask, cutoff=14.0)
+        dout = torch.ones_like(out).expand(out.shape) if layout == "expanded dout" else \
+            torch.linspace(-1, 1, out.numel(), device="cuda").view(out.shape).to(out.dtype)
+        wrt = [*ins] + ([gm] if isinstance(gm, torch.Tensor) else [])
+        return [out, *torch.autograd.grad(out, wrt, dout)]
+
+    ag._STEPS.clear()
+    ref_ins = [t.detach().contiguous().clone().requires_grad_() for t in leaves]
+    ref_g = gam if not isinstance(gam, torch.Tensor) else torch.nn.Parameter(gam.detach().clone())
+    ref = run(ref_ins, ref_g)
+    for _ in range(3):  # the first call prepares the signature, the next ones reuse it
+        got = run(leaves, gam)
+        torch.testing.assert_close(got[0], ref[0], rtol=0, atol=0)  # (the forward has no atomics)
+        for a, b in zip(got[1:], ref[1:], strict=True):  # (atomics: the order of float additions varies)
+            torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3 * float(b.abs().max()))
+    assert ag._STEPS, "the signature was not kept"
