@@ -390,7 +390,7 @@ def backward_kernel_rows(qg, kg, vg, xg, gp, dout, ours_fb, add, path) -> dict:
     saved = dict(fbk.BWD_OVERRIDES)
     found = {}
     try:
-        for knobs in ({"BW_MMA": 1}, {"BW_MMA": 2}, {"BW_MMA": 2, "BWG_DQ_MMA": 1},
+        for knobs in ({"BW_MMA": 1}, {"BW_MMA": 2, "BWG_KEYS": 64}, {"BW_MMA": 2, "BWG_KEYS": 64, "BWG_DQ_MMA": 1},
                       {"BW_MMA": 2, "BWG_DQ_BULK": 1}, {"BW_MMA": 2, "BWG_KEYS": 128},
                       {"BW_MMA": 2, "BWG_KEYS": 128, "BWG_DQ_MMA": 1}):
             fbk.BWD_OVERRIDES.clear()

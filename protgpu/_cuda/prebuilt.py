@@ -105,10 +105,13 @@ def default_configs() -> list[tuple[str, dict, bool]]:
             if cfg["FA_WGMMA"]:
                 out.append(("attention_flash", lse, True))
             for p in ("bfloat16", "float16"):
-                bwd = flash_backward.bwd_config(p, d)
-                out.append(("attention_flash_bwd", bwd, False))
-                if bwd["BW_MMA"] == 2:  # the wgmma backward (flash_bwd_wg_*): sm_90a
-                    out.append(("attention_flash_bwd", bwd, True))
+                for cut in (False, True):  # (the wgmma backward's block size follows the cutoff)
+                    bwd = flash_backward.bwd_config(p, d, cutoff=cut)
+                    if cut and bwd == flash_backward.bwd_config(p, d):
+                        continue
+                    out.append(("attention_flash_bwd", bwd, False))
+                    if bwd["BW_MMA"] == 2:  # the wgmma backward (flash_bwd_wg_*): sm_90a
+                        out.append(("attention_flash_bwd", bwd, True))
     finally:
         flash.FLASH_OVERRIDES.update(saved)
     return out

@@ -61,7 +61,7 @@ def bwd_smem_bytes(d: int, bm: int, bn: int, itemsize: int) -> int:
     return itemsize * values + bn
 
 
-def bwd_config(precision: str, d: int) -> dict:
+def bwd_config(precision: str, d: int, *, cutoff: bool = False) -> dict:
     """Compile-time knobs of ``attention_flash_bwd.cu``: ``HEAD_DIM``, ``BW_KIND``; ``BW_MMA``, which
     tensor-core backward runs the call (16-bit, ``d`` a multiple of 16 up to ``MMA_MAX_HEAD_DIM``): 2, the
     wgmma kernel ``flash_bwd_wg_*``, at ``d = WG_HEAD_DIM`` (it runs on a compute capability 9.0 device,
@@ -72,7 +72,9 @@ def bwd_config(precision: str, d: int) -> dict:
     does not apply); with the wgmma kernel ``BWG_DQ_MMA=1`` computes its dQ product on mma.sync instead
     of wgmma, ``BWG_DQ_BULK=1`` adds its dQ by bulk reductions of staged rows instead of
     ``red.global``, and ``BWG_KEYS=128`` runs blocks of 128 keys as two warpgroups sharing each query
-    tile (256 threads, dQ once per 128 keys; not with ``BWG_DQ_BULK``; default 64)."""
+    tile (256 threads, dQ once per 128 keys; not with ``BWG_DQ_BULK``). ``BWG_KEYS`` defaults to 128 for a
+    call without cutoff (``cutoff=False``) and to 64 with one, the faster of the two for each on the H200
+    (``docs/design/flash-attention.md``); 64 with ``BWG_DQ_BULK``."""
     itemsize = 8 if precision == "float64" else 4
     tile = next((t for t in (32, 16, 8) if bwd_smem_bytes(d, t, t, itemsize) <= _STATIC_SMEM), None)
     if tile is None:
@@ -82,6 +84,8 @@ def bwd_config(precision: str, d: int) -> dict:
     cfg.update(BWD_OVERRIDES)
     want = int(cfg["BW_MMA"])
     cfg["BW_MMA"] = 0 if not (mma and want) else (2 if want >= 2 and d == WG_HEAD_DIM else 1)
+    if cfg["BW_MMA"] == 2 and "BWG_KEYS" not in cfg:
+        cfg["BWG_KEYS"] = _MMA_TILE if cutoff or cfg.get("BWG_DQ_BULK") else 2 * _MMA_TILE
     cfg.update({"HEAD_DIM": d, "BW_KIND": _KIND[precision]})
     return cfg
 
@@ -357,7 +361,7 @@ def _backward_plans(prec: str, dev: int, B: int, L: int, H: int, d: int, xstride
     delta, dq_acc, dcoords, dgamma), the backward proper of :func:`bwd_variant` (q, k, v, coords, gamma,
     mask, dout, lse, delta, dq_acc, dk, dv, dcoords, dgamma) and, for 16-bit inputs, ``flash_bwd_dq_*``
     (dq_acc, dq). ``ndc``: the number of coordinate values (dcoords' size)."""
-    cfg = bwd_config(prec, d)
+    cfg = bwd_config(prec, d, cutoff=cutoff2 >= 0)
     key = ("bwd", dev, prec, B, L, H, d, xstride, mstride, scale_f, cutoff2, tuple(sorted(cfg.items())))
 
     def build():

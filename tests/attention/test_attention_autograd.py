@@ -210,3 +210,39 @@ def test_bad_input_on_the_grad_path_is_one_line():
         pg.attention(q, k, v, x[:, :4], gamma=g)
     with pytest.raises(InputError, match="k is torch.float32"):
         pg.attention(q, k.detach().float(), v, x, gamma=g)
+
+
+def test_a_signature_is_checked_once_and_its_values_every_call():
+    """attention_torch keeps a call's checks per signature (shapes, dtypes, devices, gamma's number,
+    cutoff, scale): the second call of a signature reuses them and gives the same numbers and gradients;
+    what a signature does not fix is still checked every call (a host gamma tensor's values), and a
+    call that fails its checks leaves nothing kept."""
+    ag._STEPS.clear()
+    q, k, v, x, g = inputs()
+    gp = g.detach().clone().requires_grad_()
+    first = pg.attention(q, k, v, x, gamma=0.05, cutoff=6.0)
+    grads1 = torch.autograd.grad(first.square().sum(), (q, k, v, x))
+    assert len(ag._STEPS) == 1
+    again = pg.attention(q, k, v, x, gamma=0.05, cutoff=6.0)
+    grads2 = torch.autograd.grad(again.square().sum(), (q, k, v, x))
+    assert len(ag._STEPS) == 1 and torch.equal(first, again)
+    assert all(torch.equal(a, b) for a, b in zip(grads1, grads2, strict=True))
+    pg.attention(q, k, v, x, gamma=0.07, cutoff=6.0)  # another number: another signature
+    assert len(ag._STEPS) == 2
+    for _ in range(2):  # a failing signature raises every time and is not kept
+        with pytest.raises(InputError, match="gamma must be finite and >= 0"):
+            pg.attention(q, k, v, x, gamma=-0.5)
+    assert len(ag._STEPS) == 2
+    pg.attention(q, k, v, x, gamma=gp)  # a host tensor: its values are read, so it has no signature
+    gp.data[0] = -1.0
+    with pytest.raises(InputError, match="gamma must be finite and >= 0"):
+        pg.attention(q, k, v, x, gamma=gp)
+    assert len(ag._STEPS) == 2
+    # unbatched inputs with shared (L, 3) coordinates and a (L,) mask: through their conversions each call
+    mask = torch.ones(9, dtype=torch.bool)
+    mask[7:] = False
+    q1, k1, v1 = (t[0].detach().requires_grad_() for t in (q, k, v))
+    outs = [pg.attention(q1, k1, v1, x[0], gamma=0.05, mask=mask) for _ in range(2)]
+    assert torch.equal(outs[0], outs[1]) and outs[0].shape == q1.shape
+    ref = pg.attention(q1.detach(), k1.detach(), v1.detach(), x[0].detach(), gamma=0.05, mask=mask)
+    torch.testing.assert_close(outs[1].detach(), ref)

@@ -172,14 +172,16 @@ def test_tile_shape_changes_only_rounding(gpu, dtype, tiles, monkeypatch):
         assert err(a, b) <= tol * max(1.0, scale_of(b))
 
 
-# The tensor-core backward kernels (bwd_config's BW_MMA): mma.sync and wgmma (sm_90a, d = 64, the default there;
-# elsewhere BW_MMA=2 runs the mma.sync kernel, so the "wg" cases below test that fallback there).
+# The tensor-core backward kernels (bwd_config's BW_MMA): mma.sync and wgmma (sm_90a, d = 64, the default there,
+# in blocks of 128 keys without cutoff and 64 with one; elsewhere BW_MMA=2 runs the mma.sync kernel, so the "wg"
+# cases below test that fallback there). "wg": blocks of 64 keys (BWG_KEYS=64).
 # "wg-dqmma": the wgmma kernel with dQ on mma.sync (BWG_DQ_MMA=1, the fallback for its one product whose A
 # operand is a transposed shared-memory tile); "wg-bulk": dQ added by bulk reductions (BWG_DQ_BULK=1);
 # "wg128", "wg128-dqmma": blocks of 128 keys as two warpgroups (BWG_KEYS=128), dQ split by columns.
 WG128 = {"BW_MMA": 2, "BWG_KEYS": 128}
-KERNELS = [pytest.param({"BW_MMA": 1}, id="mma"), pytest.param({"BW_MMA": 2}, id="wg"),
-           pytest.param({"BW_MMA": 2, "BWG_DQ_MMA": 1}, id="wg-dqmma"),
+WG64 = {"BW_MMA": 2, "BWG_KEYS": 64}
+KERNELS = [pytest.param({"BW_MMA": 1}, id="mma"), pytest.param(WG64, id="wg"),
+           pytest.param({**WG64, "BWG_DQ_MMA": 1}, id="wg-dqmma"),
            pytest.param({"BW_MMA": 2, "BWG_DQ_BULK": 1}, id="wg-bulk"),
            pytest.param(WG128, id="wg128"), pytest.param({**WG128, "BWG_DQ_MMA": 1}, id="wg128-dqmma")]
 
@@ -207,8 +209,8 @@ def test_tensor_core_kernels_shared_coordinates_and_empty_rows(gpu, monkeypatch,
     assert not dq[-1].any() and not dk[-1].any() and not dv[-1].any() and not dx[-1].any()
 
 
-@pytest.mark.parametrize("knobs", [{}, {"BWG_DQ_MMA": 1}, {"BWG_DQ_BULK": 1}, {"BWG_KEYS": 128},
-                                   {"BWG_KEYS": 128, "BWG_DQ_MMA": 1}],
+@pytest.mark.parametrize("knobs", [{"BWG_KEYS": 64}, {"BWG_KEYS": 64, "BWG_DQ_MMA": 1}, {"BWG_DQ_BULK": 1},
+                                   {"BWG_KEYS": 128}, {"BWG_KEYS": 128, "BWG_DQ_MMA": 1}],
                          ids=["wg", "dqmma", "bulk", "wg128", "wg128-dqmma"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_wgmma_kernel_agrees_with_mma_kernel(gpu, monkeypatch, dtype, knobs):
@@ -249,7 +251,7 @@ def test_wgmma_128_keys_agree_with_64(gpu, monkeypatch, L, knobs):
     monkeypatch.setattr(fb, "BWD_OVERRIDES", {**WG128, **knobs})
     assert fb.bwd_block(fb.bwd_config("bfloat16", 64), "wg")[0] == 128
     _, wide = run_gpu(*args)
-    monkeypatch.setattr(fb, "BWD_OVERRIDES", {"BW_MMA": 2, **knobs})
+    monkeypatch.setattr(fb, "BWD_OVERRIDES", {**WG64, **knobs})
     _, base = run_gpu(*args)
     for name, a, b in zip(("dq", "dk", "dv", "dcoords", "dgamma"), wide, base, strict=True):
         if name in ("dk", "dv"):
@@ -328,13 +330,14 @@ def check_flash_backward_for_sanitizer() -> None:
 
 
 def check_flash_backward_wg_for_sanitizer() -> None:
-    """The wgmma backward flash_bwd_wg_* (BW_MMA=2; on a device other than compute capability 9.0 the
-    mma.sync kernel again) at B = 2, L = 100 (two query tiles, one partial; two key blocks), H = 2, d = 64,
-    with mask, with and without a cutoff: small enough for racecheck (compute-sanitizer section "attention_bwd_wg")."""
+    """The wgmma backward flash_bwd_wg_* in blocks of 64 keys (BW_MMA=2, BWG_KEYS=64; on a device other
+    than compute capability 9.0 the mma.sync kernel again) at B = 2, L = 100 (two query tiles, one
+    partial; two key blocks), H = 2, d = 64, with mask, with and without a cutoff: small enough for
+    racecheck (compute-sanitizer section "attention_bwd_wg")."""
     saved = dict(fb.BWD_OVERRIDES)
     try:
-        for knobs, dtype in (({}, "bfloat16"), ({}, "float16"), ({"BWG_DQ_MMA": 1}, "bfloat16"),
-                             ({"BWG_DQ_BULK": 1}, "bfloat16")):
+        for knobs, dtype in (({"BWG_KEYS": 64}, "bfloat16"), ({"BWG_KEYS": 64}, "float16"),
+                             ({"BWG_KEYS": 64, "BWG_DQ_MMA": 1}, "bfloat16"), ({"BWG_DQ_BULK": 1}, "bfloat16")):
             fb.BWD_OVERRIDES.clear()
             fb.BWD_OVERRIDES.update(saved, BW_MMA=2, **knobs)
             for cutoff in (9.0, None):  # flash_bwd_wg_cut_* and flash_bwd_wg_*
