@@ -416,6 +416,8 @@ def attention_torch(q, k, v, coords, gamma, cutoff, mask, scale, device="auto"):
     A call's checks run once per signature (:func:`_signature`); later calls of the signature go straight
     to the op.
     """
+    if torch.compiler.is_compiling():  # (traced once: nothing kept, no launch plans)
+        return _prepare(q, k, v, coords, gamma, cutoff, mask, scale, device)(q, k, v, coords, gamma, mask)
     try:
         key = _signature(q, k, v, coords, gamma, cutoff, mask, scale, device)
         step = _STEPS.get(key) if key is not None else None
@@ -463,6 +465,6 @@ def _prepare(q, k, v, coords, gamma, cutoff, mask, scale, device) -> _Step:
     step.mask_direct = mask is None or (isinstance(mask, T) and mask.dtype is torch.bool
                                         and tuple(mask.shape) == (B, L) and mask.device == q.device)
     step.call = None
-    if _flash_supported(qb):
+    if _flash_supported(qb) and not torch.compiler.is_compiling():
         step.call = _flash_bwd.TorchCall(qb, x, m, step.cutoff, step.scale)
     return step
