@@ -11,6 +11,8 @@ launch on the caller's current stream, no host synchronisation.
   :func:`bwd_config`'s ``BW_MMA`` says; then, for 16-bit inputs, ``flash_bwd_dq_*`` (dQ from its float32
   accumulator).
 * :func:`supports`: whether a call is one these kernels take.
+* :class:`TorchCall`: both, for one signature of torch CUDA inputs, with the checks and launch plans
+  settled once (the autograd op keeps one per call signature).
 
 The formulas are those of :func:`protgpu.attention.reference.attention_backward_numpy`, the
 specification; ``docs/design/flash-attention.md`` explains the kernels. Arithmetic (and ``lse``,
