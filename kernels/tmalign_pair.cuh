@@ -316,22 +316,24 @@ __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int
 }
 
 // Rows a lane takes in the DP of L1 x L2 on W warps of S lanes: the R of 1, 2, 4 with the least time,
-// steps weighted by TA_DP_STEP_COST_R (strips a warp runs, each L2 + S R - 1 steps, plus the pipeline's
-// fill of S R + S / TA_DP_PARTS steps a warp).
+// steps weighted by TA_DP_STEP_COST_R. The strips' pipeline: strip k (of n, each L2 + H - 1 steps, H = S R)
+// starts when strip k - 1 is PART + H - 2 steps ahead (the lag of ta_nw_strips) and strip k - W, the last one
+// on its warp, is done: start_k = max(start_{k-1} + lag, start_{k-W} + steps), whose largest path for the
+// last strip takes either no turn through a warp's previous strip or as many as it can.
 __device__ __forceinline__ int ta_rows_per_lane(int l1, int l2, int S, int W) {
 #ifdef TA_DP_ROWS
     return TA_DP_ROWS;  // tests: one R throughout
 #endif
     int best = 1;
-    long long best_steps = -1;
+    long long best_time = -1;
     const int part = ta_dp_part(S);
     for (int R = 1; R <= 4; R *= 2) {
-        const int strips = (l1 + S * R - 1) / (S * R), used = strips < W ? strips : W;
+        const long long n = (l1 + S * R - 1) / (S * R), steps = l2 + S * R - 1, lag = part + S * R - 2;
+        const long long k = n - 1, via_warps = (k / W) * steps + (k % W) * lag, last = k * lag > via_warps ? k * lag : via_warps;
         const long long cost = R == 1 ? TA_DP_STEP_COST_1 : R == 2 ? TA_DP_STEP_COST_2 : TA_DP_STEP_COST_4;
-        const long long steps = cost * ((long long)((strips + W - 1) / W) * (l2 + S * R - 1) +
-                                        (long long)(used - 1) * (S * R + part));
-        if (best_steps < 0 || steps < best_steps) {
-            best_steps = steps;
+        const long long time = cost * (last + steps);
+        if (best_time < 0 || time < best_time) {
+            best_time = time;
             best = R;
         }
     }
