@@ -364,29 +364,43 @@ __device__ TA_NOINLINE bool ta_initial_local(TaPair& P) {
     const long long t0 = TA_CLOCK();
     double wbest = 0.0;
     int wc = -1;
-    for (int c = w; c < total; c += TA_NWARPS) {
-        int f = 0, r = c;
-        if (r >= ni[0] * nj[0]) {
-            r -= ni[0] * nj[0];
-            f = 1;
-        }
-        const int nf = nfs[f], i = (r / nj[f]) * j1, j = (r % nj[f]) * j2;
-        double R[9], t[3];
-        ta_superpose(wp, nf, [&](int p, double* x, double* y) -> bool {
-            for (int k = 0; k < 3; ++k) {
-                x[k] = P.x[3 * (i + p) + k];
-                y[k] = P.y[3 * (j + p) + k];
+    // a warp takes its candidates two at a time (c and c + W: fitted into DP slots 2 w and 2 w + 1, swept
+    // together on half the lanes each, then traced back and scored in order); a last one alone on the warp
+    constexpr int per_warp = TA_LANES >= 2 ? 2 : 1;  // (the one-thread host build: one at a time)
+    for (int c = w; c < total; c += per_warp * TA_NWARPS) {
+        const int n_c = per_warp == 2 && c + TA_NWARPS < total ? 2 : 1;
+        for (int h = 0; h < n_c; ++h) {
+            int f = 0, r = c + h * TA_NWARPS;
+            if (r >= ni[0] * nj[0]) {
+                r -= ni[0] * nj[0];
+                f = 1;
             }
-            return true;
-        }, R, t);
-        ta_transform(P, wp, w, R, t);
-        ta_nw(P, wp, w, TA_DP_TM, d01sq, 0.0, map);
-        const double sc = ta_fast_score(wp, P.xc, P.yc, l2, [&](int q) { return map[q]; }, P.d0, P.d0s, d2, sel);
-        if (sc > wbest) {
-            wbest = sc;
-            wc = c;
-            for (int q = wp.rank; q < l2; q += wp.size) keep[q] = map[q];
+            const int nf = nfs[f], i = (r / nj[f]) * j1, j = (r % nj[f]) * j2;
+            double R[9], t[3];
+            ta_superpose(wp, nf, [&](int p, double* x, double* y) -> bool {
+                for (int k = 0; k < 3; ++k) {
+                    x[k] = P.x[3 * (i + p) + k];
+                    y[k] = P.y[3 * (j + p) + k];
+                }
+                return true;
+            }, R, t);
+            ta_transform(P, wp, 2 * w + h, R, t);
+        }
+        if (n_c == 2) ta_nw_pair(P, wp, 2 * w, d01sq, 0.0);
+        else ta_nw_run(P, wp, 0, 1, 2 * w, TA_DP_TM, d01sq, 0.0);
+        for (int h = 0; h < n_c; ++h) {
+            for (int q = wp.rank; q < l2; q += wp.size) map[q] = -1;
             wp.sync();
+            ta_traceback(P, wp, P.moves + (2LL * w + h) * (l1 + 1) * (l2 + 1),
+                         P.sh->tb + 2LL * TA_WARP * TA_WARP * w, map);
+            wp.sync();
+            const double sc = ta_fast_score(wp, P.xc, P.yc, l2, [&](int q) { return map[q]; }, P.d0, P.d0s, d2, sel);
+            if (sc > wbest) {
+                wbest = sc;
+                wc = c + h * TA_NWARPS;
+                for (int q = wp.rank; q < l2; q += wp.size) keep[q] = map[q];
+            }
+            wp.sync();  // (the next traceback rewrites map)
         }
     }
     if (b.lane == 0) {

@@ -60,12 +60,12 @@ __device__ __forceinline__ long long ta_round8(long long v) { return (v + 7) & ~
 __device__ long long ta_layout(int l1, int l2, int nwarps, unsigned char* base, TaPair* P) {
     const int lm = l1 < l2 ? l1 : l2;
     long long off = 0;
-    // per warp: the DP's buffers (xt, dv, pv: a strip's last row, moves: the local fragment stage runs
-    // one DP per warp; the block's DPs use warp 0's xt and moves and every warp's row), distances and
-    // selections, and two alignment maps
-    const long long nw = nwarps;
-    const long long nd[9] = {3LL * l1, 3LL * l2, nw * 3 * l1, 3LL * lm, 3LL * lm, 3LL * lm, 3LL * lm,
-                             nw * (l2 + 1), nw * l2};
+    // per warp: two DP slots (xt, dv, pv: a strip's last row, moves: the local fragment stage runs two
+    // DPs a warp; the block's DPs use slot 0's xt and moves and the rows of slots 0 .. W - 1), distances
+    // and selections, and two alignment maps
+    const long long nw = nwarps, ns = 2 * nw;
+    const long long nd[9] = {3LL * l1, 3LL * l2, ns * 3 * l1, 3LL * lm, 3LL * lm, 3LL * lm, 3LL * lm,
+                             ns * (l2 + 1), nw * l2};
     const long long ni[6] = {l2, l2, l2, l2, nw * l2, nw * l2};
     double** dp[9] = {0};
     int** ip[6] = {0};
@@ -86,7 +86,7 @@ __device__ long long ta_layout(int l1, int l2, int nwarps, unsigned char* base, 
         if (P) *ip[k] = (int*)(base + off);
         off += ta_round8(4LL * ni[k]);
     }
-    const long long nb[5] = {l1, l2, nw * (l2 + 1), 2LL * nw * l2, nw * (l1 + 1) * (l2 + 1)};
+    const long long nb[5] = {l1, l2, ns * (l2 + 1), 2LL * nw * l2, ns * (l1 + 1) * (l2 + 1)};
     for (int k = 0; k < 5; ++k) {
         if (P) *bp[k] = base + off;
         off += ta_round8(nb[k]);
@@ -199,14 +199,19 @@ __device__ __forceinline__ constexpr int ta_dp_part(int s) { return s / TA_DP_PA
 // has read it. Every cell is the same expression as the twin's in the same order, so the bits (and the
 // tie decisions) are the twin's. Moves are stored skewed, cell (i, j) at ((i + j) mod (L2 + 1)) * (L1 + 1)
 // + i: one step of a warp writes R runs of S consecutive bytes.
-template <int R, int KIND>
+//
+// S lanes of the warp run one DP: all of them (S = TA_LANES), or, for two of one warp's DPs at once (the local
+// fragment stage's, ta_nw_pair), each half (S = TA_LANES / 2): half g sweeps DP slot slot + g.
+template <int R, int KIND, int S = TA_LANES>
 __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int nw, int slot, double d0sq, double gap) {
-    constexpr int S = TA_LANES, H = S * R;  // (= wp.size)
+    constexpr int H = S * R;
     // the row above is read (and published) PART columns at a time: strip k + 1 runs PART + H - 2 steps
     // behind strip k (S + H - 2 with whole chunks of S)
     constexpr int PART = ta_dp_part(S);
-    const int l1 = P.l1, l2 = P.l2, lane = wp.rank, w = l2 + 1;
-    const int from = lane == 0 ? S - 1 : lane - 1;  // the rotating shuffle's source
+    const int lane = S == TA_LANES ? wp.rank : wp.rank % S, base = wp.rank - lane;  // lane in the half, its first
+    if (S != TA_LANES) slot += base / S;
+    const int l1 = P.l1, l2 = P.l2, w = l2 + 1;
+    const int from = base + (lane == 0 ? S - 1 : lane - 1);  // the rotating shuffle's source
     const double* xt = P.xt + 3LL * slot * l1;
     unsigned char* moves = P.moves + (long long)slot * (l1 + 1) * (l2 + 1);
     int* prog = P.sh->prog;
@@ -260,8 +265,8 @@ __device__ TA_NOINLINE void ta_nw_strips(TaPair& P, const TaWarp& wp, int q, int
                 }
             }
             const int recv_p = wp.shfl(own_p, from);
-            const double top_h = wp.shfl(chunk_h, c);
-            const int top_p = wp.shfl(chunk_p, c);
+            const double top_h = wp.shfl(chunk_h, base + c);
+            const int top_p = wp.shfl(chunk_p, base + c);
             int new_p = 0;
             double last = 0.0;  // the shuffled value of row r - 1 (lane 0's row above for r > 0)
 #pragma unroll
@@ -354,6 +359,20 @@ __device__ __forceinline__ void ta_nw_run(TaPair& P, const TaWarp& wp, int q, in
     if (kind == TA_DP_SS) ta_nw_rows<TA_DP_SS>(P, wp, q, nw, slot, d0sq, gap);
     else if (kind == TA_DP_TM_SS) ta_nw_rows<TA_DP_TM_SS>(P, wp, q, nw, slot, d0sq, gap);
     else ta_nw_rows<TA_DP_TM>(P, wp, q, nw, slot, d0sq, gap);
+}
+
+// Two TM-score DPs of L1 x L2 on one warp (the local fragment stage's, without gap penalty differences:
+// the same d0sq and gap), each on half the lanes: slot's and slot + 1's (their xt and moves; traced back
+// apart). Two half-warp sweeps of S / 2 lanes take fewer steps than two whole-warp ones, as a strip's fill
+// and drain (S R - 1 steps) halve and the chains' rows are cut finer.
+__device__ __forceinline__ void ta_nw_pair(TaPair& P, const TaWarp& wp, int slot, double d0sq, double gap) {
+#if TA_LANES >= 2
+    constexpr int S = TA_LANES / 2;
+    const int R = ta_rows_per_lane(P.l1, P.l2, S, 1);
+    if (R == 4) ta_nw_strips<4, TA_DP_TM, S>(P, wp, 0, 1, slot, d0sq, gap);
+    else if (R == 2) ta_nw_strips<2, TA_DP_TM, S>(P, wp, 0, 1, slot, d0sq, gap);
+    else ta_nw_strips<1, TA_DP_TM, S>(P, wp, 0, 1, slot, d0sq, gap);
+#endif
 }
 
 // The DP's traceback on one warp (S lanes). From (i, j) the path runs through diagonals i + j, i + j - 1,
