@@ -17,7 +17,9 @@ the results file keeps the parts of earlier runs, so the parts can be run in sep
 * **b** search: one 300-residue query (GTalign PDB20) against ``--entries`` database entries, end to
   end (load the .pgdb, align, sort) through ``protgpu search``'s function. The entries are synthetic:
   the corpus's chains cycled, every coordinate perturbed by Gaussian noise (0.5 A), so each is a
-  distinct chain of a real fold. The database build is timed apart.
+  distinct chain of a real fold. The database build is timed apart. With ``--search-bands``, the same
+  query is then aligned to each band of entry lengths apart (``pg.tm_align``, as the search calls it), to
+  say which entries the search's time goes to.
 * **c** accuracy: ``--pairs`` SCOPe pairs (40% same superfamily, 30% same fold and another
   superfamily, 30% another fold; seed 0) plus every HOMSTRAD and circular-permutation pair; protgpu
   (GPU when usable, else a CPU pool) against tmtools (a pool): both TM-scores of each pair; the
@@ -28,7 +30,7 @@ the results file keeps the parts of earlier runs, so the parts can be run in sep
   their fold are left out); the mean over queries, for protgpu and for tmtools on the same pairs.
 
     python3 benchmarks/bench_align.py [--parts a,b,c,d] [--jobs N] [--pairs P] [--queries Q]
-        [--entries N] [--gpu-pairs P] [--device auto|cpu|gpu] [--json PATH]
+        [--entries N] [--search-bands] [--gpu-pairs P] [--device auto|cpu|gpu] [--json PATH]
     python3 benchmarks/bench_align.py --merge part1.json part2.json ... [--json PATH]
     python3 benchmarks/bench_align.py --quick [--quick-scale S] [--threads T --min-blocks M] [--pieces K] [--json PATH]
     python3 benchmarks/bench_align.py --host-only [--quick-scale S] [--json PATH]
@@ -267,6 +269,28 @@ def _timed_cpu(chains, pairs) -> float:
     return protgpu_run(chains, pairs, "cpu")[1]
 
 
+SEARCH_BANDS = ((0, 150), (150, 300), (300, 500), (500, None))
+
+
+def search_bands(query, db, device: str) -> list[dict]:
+    """Seconds of ``pg.tm_align(query, entries)`` for the entries of each band of lengths
+    (:data:`SEARCH_BANDS`, [lo, hi) residues), each band in one call as the search makes them."""
+    import protgpu as pg
+
+    chains = db.chains(0, len(db))
+    lengths = np.asarray(db.lengths)
+    rows = []
+    for lo, hi in SEARCH_BANDS:
+        idx = np.flatnonzero((lengths >= lo) & (lengths < (hi if hi is not None else np.inf)))
+        if not len(idx):
+            continue
+        t0 = time.perf_counter()
+        pg.tm_align(query, [chains[i] for i in idx.tolist()], device=device)  # NumPy out: synchronous
+        rows.append({"lengths": f"{lo}-{hi - 1 if hi is not None else int(lengths.max())}", "entries": len(idx),
+                     "seconds": time.perf_counter() - t0})
+    return rows
+
+
 def part_search(args, gpu: bool) -> dict:
     import tempfile
 
@@ -303,11 +327,16 @@ def part_search(args, gpu: bool) -> dict:
         t_load = time.perf_counter() - t0
         hits = search(query, db, top=10, device=device)
         t_total = time.perf_counter() - t0
+        bands = search_bands(query, db, device) if args.search_bands else None
     row = {"entries": n, "query": query.name, "query_length": len(query.ca), "device": device,
            "residues": int(db.lengths.sum()), "db_bytes": size, "synthetic_s": t_make, "build_s": t_build,
            "load_s": t_load, "search_end_to_end_s": t_total, "pairs_s": n / t_total,
            "top_hit": hits[0]["target"] if hits else None, "top_tm_query": hits[0]["tm_query"] if hits else None}
-    print_table([row], list(row))
+    if bands is not None:
+        row["bands"] = bands
+    print_table([{k: v for k, v in row.items() if k != "bands"}], [k for k in row if k != "bands"])
+    if bands:
+        print_table(bands, list(bands[0]))
     return {"rows": [row], "note": "entries are synthetic: the corpus's SCOPe and GTalign chains cycled, "
                                    "coordinates perturbed by N(0, 0.5 A) noise; end to end = load + align + sort"}
 
@@ -662,6 +691,8 @@ def main(argv=None) -> int:
     ap.add_argument("--queries", type=int, default=200, help="SCOPe query domains of part d")
     ap.add_argument("--entries", type=int, default=None,
                     help="database entries of part b (default 100,000 on the GPU, 200 on the CPU)")
+    ap.add_argument("--search-bands", action="store_true",
+                    help="part b: also time the query against each band of entry lengths apart")
     ap.add_argument("--gpu-pairs", type=int, default=10_000,
                     help="pairs per size on the GPU (part a; a tenth of them at 1,000 residues)")
     ap.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
