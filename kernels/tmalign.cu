@@ -4,11 +4,11 @@
 // function here names its twin, and follows it step by step (same candidates, cutoffs, rounds, tie
 // rules; see docs/design/tm-align.md "GPU").
 //
-// Work split inside a block: the DP runs over anti-diagonals (the cells of one diagonal in parallel,
-// one barrier per diagonal) and its traceback on one thread; the TM-score search gives one seed to a
-// warp (its lanes take the aligned pairs); the quick scores of gapless threadings give one offset to a
-// warp; the local fragment stage gives one fragment pair (fit, DP, quick score) to a warp; the other
-// DPs and fits use the whole block. Every float is a double, as in TM-align. The pair's state, the
+// Work split inside a block: the block's DPs run as strips of rows pipelined over its warps, and their
+// tracebacks on warp 0 (tmalign_pair.cuh); the TM-score search gives one seed to a warp (its lanes take the
+// aligned pairs); the quick scores of gapless threadings give one offset to a warp; the local fragment
+// stage gives fragment pairs to a warp two at a time (fits, one sweep of both DPs on half the lanes each,
+// then each traceback and quick score); the few block-wide sums and fits run on warp 0. Every float is a double, as in TM-align. The pair's state, the
 // workspace layout and the DP are in tmalign_pair.cuh, the fits and searches in tmalign_search.cuh.
 //
 // The same text compiles on the host as plain C++ with TMALIGN_HOST defined (a block of one thread;

@@ -361,8 +361,8 @@ __device__ __forceinline__ void ta_nw_run(TaPair& P, const TaWarp& wp, int q, in
     else ta_nw_rows<TA_DP_TM>(P, wp, q, nw, slot, d0sq, gap);
 }
 
-// Two TM-score DPs of L1 x L2 on one warp (the local fragment stage's, without gap penalty differences:
-// the same d0sq and gap), each on half the lanes: slot's and slot + 1's (their xt and moves; traced back
+// Two TM-score DPs of L1 x L2 on one warp (the local fragment stage's: the same d0sq and gap, two
+// superpositions), each on half the lanes: slot's and slot + 1's (their xt and moves; traced back
 // apart). Two half-warp sweeps of S / 2 lanes take fewer steps than two whole-warp ones, as a strip's fill
 // and drain (S R - 1 steps) halve and the chains' rows are cut finer.
 __device__ __forceinline__ void ta_nw_pair(TaPair& P, const TaWarp& wp, int slot, double d0sq, double gap) {
