@@ -8,8 +8,9 @@
 // tracebacks on warp 0 (tmalign_pair.cuh); the TM-score search gives one seed to a warp (its lanes take the
 // aligned pairs); the quick scores of gapless threadings give one offset to a warp; the local fragment
 // stage gives fragment pairs to a warp two at a time (fits, one sweep of both DPs on half the lanes each,
-// then each traceback and quick score); the few block-wide sums and fits run on warp 0. Every float is a double, as in TM-align. The pair's state, the
-// workspace layout and the DP are in tmalign_pair.cuh, the fits and searches in tmalign_search.cuh.
+// then each traceback and quick score); the few block-wide sums and fits run on warp 0. Every float is a
+// double, as in TM-align. The pair's state, the workspace layout and the DP are in tmalign_pair.cuh, the
+// fits and searches in tmalign_search.cuh.
 //
 // The same text compiles on the host as plain C++ with TMALIGN_HOST defined (a block of one thread;
 // tests/align/test_tmalign_kernel_host.py builds it with g++ and checks it against the CPU path).

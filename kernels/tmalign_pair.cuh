@@ -345,12 +345,13 @@ __device__ __forceinline__ int ta_rows_per_lane(int l1, int l2, int S, int W) {
     return best;
 }
 
-template <int KIND>
+// The sweep with the R ta_rows_per_lane picks, on DPs of S lanes (ta_nw_strips).
+template <int KIND, int S = TA_LANES>
 __device__ __forceinline__ void ta_nw_rows(TaPair& P, const TaWarp& wp, int q, int nw, int slot, double d0sq, double gap) {
-    const int R = ta_rows_per_lane(P.l1, P.l2, wp.size, nw);
-    if (R == 4) ta_nw_strips<4, KIND>(P, wp, q, nw, slot, d0sq, gap);
-    else if (R == 2) ta_nw_strips<2, KIND>(P, wp, q, nw, slot, d0sq, gap);
-    else ta_nw_strips<1, KIND>(P, wp, q, nw, slot, d0sq, gap);
+    const int R = ta_rows_per_lane(P.l1, P.l2, S == TA_LANES ? wp.size : S, nw);  // (wp.size is TA_LANES)
+    if (R == 4) ta_nw_strips<4, KIND, S>(P, wp, q, nw, slot, d0sq, gap);
+    else if (R == 2) ta_nw_strips<2, KIND, S>(P, wp, q, nw, slot, d0sq, gap);
+    else ta_nw_strips<1, KIND, S>(P, wp, q, nw, slot, d0sq, gap);
 }
 
 // The score kind is a template argument of the sweep (no branch per cell; a TM-score DP reads no letters).
@@ -367,11 +368,7 @@ __device__ __forceinline__ void ta_nw_run(TaPair& P, const TaWarp& wp, int q, in
 // and drain (S R - 1 steps) halve and the chains' rows are cut finer.
 __device__ __forceinline__ void ta_nw_pair(TaPair& P, const TaWarp& wp, int slot, double d0sq, double gap) {
 #if TA_LANES >= 2
-    constexpr int S = TA_LANES / 2;
-    const int R = ta_rows_per_lane(P.l1, P.l2, S, 1);
-    if (R == 4) ta_nw_strips<4, TA_DP_TM, S>(P, wp, 0, 1, slot, d0sq, gap);
-    else if (R == 2) ta_nw_strips<2, TA_DP_TM, S>(P, wp, 0, 1, slot, d0sq, gap);
-    else ta_nw_strips<1, TA_DP_TM, S>(P, wp, 0, 1, slot, d0sq, gap);
+    ta_nw_rows<TA_DP_TM, TA_LANES / 2>(P, wp, 0, 1, slot, d0sq, gap);
 #endif
 }
 
