@@ -88,12 +88,43 @@ class StructureDB:
 #: and a bounded host footprint (float64 chains and alignments of one chunk, ~0.3 GB at 300 residues).
 CHUNK = 32768
 
+#: Entries per tm_align call while :func:`search` can skip entries (``top`` or ``min_tm`` given):
+#: the skip is decided between calls, so smaller calls skip more; this many still fill the device.
+BOUNDED_CHUNK = 4096
+
+_FIELDS = (("tm_query", "tm_mobile"), ("tm_target", "tm_target"), ("rmsd", "rmsd"), ("n_aligned", "n_aligned"),
+           ("seq_identity", "seq_identity"))
+
+
+def tm_query_bound(query_length: int, lengths) -> np.ndarray:
+    """The highest ``tm_query`` an entry of each length can reach: min(Lq, Lt) / Lq.
+
+    A TM-score normalised by the query's length Lq is a sum over aligned residue pairs of terms of at
+    most 1, over Lq, and at most min(Lq, Lt) pairs align.
+
+    Parameters
+    ----------
+    query_length : int
+        Lq, residues.
+    lengths : array of int, shape (N,)
+        The entries' lengths Lt, residues.
+
+    Returns
+    -------
+    float64, shape (N,)
+    """
+    return np.minimum(np.asarray(lengths, dtype=np.float64), query_length) / query_length
+
 
 def search(query, db, *, top=None, min_tm=0.0, device="auto", chunk=CHUNK) -> list[dict]:
     """TM-align one query chain (Chain_1) onto every entry (Chain_2) of a database: the hits, sorted.
 
     The entries go to :func:`~protgpu.align.tm_align` in chunks of ``chunk`` (one call each, batched
-    on the GPU), so host memory is bounded by the chunk, not the database.
+    on the GPU), so host memory is bounded by the chunk, not the database. With ``top`` or
+    ``min_tm``, entries that cannot make the list are not aligned: chunks go from the longest
+    entries down (up to the query's length), and an entry is skipped once its bound
+    (:func:`tm_query_bound`) is below ``min_tm`` or below the ``top``-th best ``tm_query`` found so far.
+    The rows are those of aligning every entry.
 
     Parameters
     ----------
@@ -107,7 +138,7 @@ def search(query, db, *, top=None, min_tm=0.0, device="auto", chunk=CHUNK) -> li
         Keep rows with ``tm_query`` at least this.
     device : {"auto", "cpu", "gpu"}
     chunk : int
-        Entries per ``tm_align`` call.
+        Entries per ``tm_align`` call (at most :data:`BOUNDED_CHUNK` with ``top`` or ``min_tm``).
 
     Returns
     -------
@@ -123,21 +154,39 @@ def search(query, db, *, top=None, min_tm=0.0, device="auto", chunk=CHUNK) -> li
     if not 0.0 <= float(min_tm) <= 1.0:
         raise InputError(f"min_tm must be between 0 and 1, not {min_tm!r}")
     names = db.names
-    cols = {k: [] for k in ("tm_query", "tm_target", "rmsd", "n_aligned", "seq_identity")}
-    for s in range(0, len(db), chunk):
-        r = tm_align(query, db.chains(s, min(len(db), s + chunk)), device=device)
-        for k, field in (("tm_query", "tm_mobile"), ("tm_target", "tm_target"), ("rmsd", "rmsd"),
-                         ("n_aligned", "n_aligned"), ("seq_identity", "seq_identity")):
-            cols[k].append(getattr(r, field))
+    bounded = top is not None or min_tm > 0.0
+    bound = tm_query_bound(len(query.ca), db.lengths)
+    # Highest bound first (database order among equals), so that the skipped entries are a tail.
+    order = np.argsort(-bound, kind="stable") if bounded else np.arange(len(db))
+    step = min(chunk, BOUNDED_CHUNK) if bounded else chunk
+    done, cols = [], {k: [] for k, _ in _FIELDS}
+    start, cut = 0, float(min_tm)
+    while start < len(order):
+        # 1e-12: the kernel's and the CPU path's scores may round the bound's division differently
+        # by a few units in the last place; skip only what is below by more.
+        if bound[order[start]] * (1.0 + 1e-12) < cut:
+            break
+        idx = order[start:start + step]
+        start += len(idx)
+        r = tm_align(query, [db.chain(k) for k in idx.tolist()], device=device)
+        done.append(idx)
+        for k, field in _FIELDS:
+            cols[k].append(np.asarray(getattr(r, field)).reshape(-1))
+        if top is not None and sum(map(len, done)) >= top:
+            tm = np.concatenate(cols["tm_query"])
+            cut = max(cut, float(np.partition(tm, len(tm) - top)[len(tm) - top]))
+    if not done:
+        return []
+    entry = np.concatenate(done)
     c = {k: np.concatenate(v) for k, v in cols.items()}
-    order = np.lexsort((np.arange(len(db)), -c["tm_target"], -c["tm_query"]))
-    order = order[c["tm_query"][order] >= min_tm]
+    rank = np.lexsort((entry, -c["tm_target"], -c["tm_query"]))
+    rank = rank[c["tm_query"][rank] >= min_tm]
     if top is not None:
-        order = order[:top]
-    return [{"query": query.name, "target": names[t], "tm_query": float(c["tm_query"][t]),
+        rank = rank[:top]
+    return [{"query": query.name, "target": names[entry[t]], "tm_query": float(c["tm_query"][t]),
              "tm_target": float(c["tm_target"][t]), "rmsd": float(c["rmsd"][t]),
              "n_aligned": int(c["n_aligned"][t]), "seq_identity": float(c["seq_identity"][t])}
-            for t in order.tolist()]
+            for t in rank.tolist()]
 
 
 def read_chain(path, chain: str | None = None) -> Chain:

@@ -6,7 +6,8 @@ n_aligned, seq_identity) are grouped by query in input order, each group sorted 
 TM-score normalised by the query's length: how much of the query the hit covers, comparable across
 hits) from the highest, ties by ``tm_target`` then by database order. ``--min-tm`` keeps rows with
 ``tm_query`` at least that; ``--top`` then keeps the first K of each query
-(:func:`protgpu.align.database.search`).
+(:func:`protgpu.align.database.search`). With either, entries too short to make the list are not
+aligned (same rows, less time).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def register(sub, common) -> None:
                   "every hit with TM-score >= 0.5 of each design")])
     p.add_argument("inputs", nargs="+", metavar="QUERY", help="query structure files (globs, directories, @list.txt)")
     p.add_argument("--db", required=True, metavar="DB", help="database built by protgpu db build (.pgdb)")
-    p.add_argument("--top", type=int, default=None, metavar="K", help="keep the K best hits per query")
+    p.add_argument("--top", type=int, default=None, metavar="K",
+                   help="keep the K best hits per query (entries too short to reach the K-th best TM-score are "
+                        "then not aligned; same rows)")
     p.add_argument("--min-tm", type=float, default=0.0, metavar="T", help="keep hits with tm_query >= T (default 0)")
     p.add_argument("--chain", "-c", default=None, help=CHAIN_HELP)
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto", help="where to compute (default: auto)")

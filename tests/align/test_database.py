@@ -152,3 +152,81 @@ def test_read_chain_skips_a_ligand_chain_with_a_warning(tmp_path):
     with pytest.warns(UserWarning, match="chain 'X' skipped"):
         c = database.read_chain(path)
     assert c.name == "lig.pdb:B" and len(c.ca) == 12
+
+
+SEARCH_FILES = ("d1t3ba2.pdb", "d2nwta1.pdb", "d2a6ca1.pdb", "d1neqa_.pdb", "d1cxya_.pdb", "d3lf5a_.pdb",
+                "d1twia1.pdb", "d4oana1.pdb")
+
+
+def _aligned_entries(monkeypatch):
+    """Record the entries each tm_align call of the search gets (names), calling the real one."""
+    from protgpu.align import api
+
+    calls, real = [], api.tm_align
+
+    def counting(query, entries, **kwargs):
+        calls.append([e.name for e in entries])
+        return real(query, entries, **kwargs)
+
+    monkeypatch.setattr(api, "tm_align", counting)
+    return calls
+
+
+def test_search_bounds_skip_entries_and_keep_the_rows(tmp_path, datasets, monkeypatch):
+    cs = [database.read_chain(datasets / "tmalign" / f) for f in SEARCH_FILES]
+    db = database.load(database.write(tmp_path / "b.pgdb", cs))
+    query = max(cs, key=lambda c: len(c.ca))
+    every = database.search(query, db, device="cpu")
+    assert len(every) == len(cs) and every[0]["target"] == query.name and every[0]["tm_query"] == 1.0
+    bound = database.tm_query_bound(len(query.ca), db.lengths)
+    for kwargs in ({"top": 1}, {"top": 3}, {"min_tm": 0.5}, {"top": 2, "min_tm": 0.4}, {"min_tm": 1.0}):
+        calls = _aligned_entries(monkeypatch)
+        got = database.search(query, db, device="cpu", chunk=2, **kwargs)
+        want = [r for r in every if r["tm_query"] >= kwargs.get("min_tm", 0.0)][:kwargs.get("top")]
+        assert got == want, kwargs
+        aligned = {n for c in calls for n in c}
+        assert all(len(c) <= 2 for c in calls)
+        # every entry left out could not have made the list
+        cut = max(kwargs.get("min_tm", 0.0), want[-1]["tm_query"] if kwargs.get("top") and want else 0.0)
+        skipped = [k for k, n in enumerate(db.names) if n not in aligned]
+        assert all(bound[k] < cut for k in skipped), kwargs
+        monkeypatch.undo()
+    # the query is the longest entry and comes first; its self hit (tm_query 1) then outranks every
+    # shorter entry's bound, so nothing else is aligned
+    calls = _aligned_entries(monkeypatch)
+    assert database.search(query, db, device="cpu", chunk=1, top=1) == every[:1]
+    assert calls == [[query.name]]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths=st.lists(st.integers(5, 40), min_size=1, max_size=30), query_length=st.integers(5, 40),
+       levels=st.integers(1, 6), top=st.one_of(st.none(), st.integers(1, 8)),
+       min_tm=st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]), chunk=st.integers(1, 7), seed=st.integers(0, 2**16))
+def test_search_bounds_equal_aligning_everything(monkeypatch, tmp_path, lengths, query_length, levels, top, min_tm,
+                                                 chunk, seed):
+    """With a stand-in aligner whose tm_query lies anywhere up to the bound (coarse levels, so ties
+    are common), the bounded search gives the rows of sorting every entry's scores."""
+    from types import SimpleNamespace
+
+    from protgpu.align import api
+
+    rng = np.random.default_rng(seed)
+    bound = database.tm_query_bound(query_length, lengths)
+    score = {f"e{k}": (bound[k] * rng.integers(0, levels + 1) / levels, rng.integers(0, 3) / 2)
+             for k in range(len(lengths))}
+
+    def stand_in(query, entries, **kwargs):
+        tq, tt = np.array([score[e.name] for e in entries]).T
+        n = np.array([len(e.ca) for e in entries])
+        return SimpleNamespace(tm_mobile=tq, tm_target=tt, rmsd=tt * 2, n_aligned=n, seq_identity=tt / 3)
+
+    monkeypatch.setattr(api, "tm_align", stand_in)
+    cs = [Chain(rng.normal(size=(n, 3)), "A" * n, f"e{k}", 0) for k, n in enumerate(lengths)]
+    path = tmp_path / f"h{seed}-{len(lengths)}.pgdb"
+    db = database.load(database.write(path, cs))
+    query = Chain(np.zeros((query_length, 3)), "A" * query_length, "q", 0)
+    got = database.search(query, db, top=top, min_tm=min_tm, chunk=chunk)
+    keys = sorted(range(len(lengths)), key=lambda k: (-score[f"e{k}"][0], -score[f"e{k}"][1], k))
+    want = [f"e{k}" for k in keys if score[f"e{k}"][0] >= min_tm][:top]
+    assert [r["target"] for r in got] == want
+    assert [r["tm_query"] for r in got] == [score[n][0] for n in want]
