@@ -277,7 +277,9 @@ SEARCH_BANDS = ((0, 150), (150, 300), (300, 500), (500, None))
 
 def search_bands(query, db, device: str) -> list[dict]:
     """Seconds of ``pg.tm_align(query, entries)`` for the entries of each band of lengths
-    (:data:`SEARCH_BANDS`, [lo, hi) residues), each band in one call as the search makes them."""
+    (:data:`SEARCH_BANDS`, [lo, hi) residues), each band in one call as the search makes them; on the
+    GPU also the kernel's profile of the band's pairs (``gpu.tm_align_gpu(..., profile=True)``): the
+    mean SM clock cycles a pair (``mcycles``) and each stage's share of them, as ``--quick`` reports."""
     import protgpu as pg
 
     chains = db.chains(0, len(db))
@@ -287,11 +289,37 @@ def search_bands(query, db, device: str) -> list[dict]:
         idx = np.flatnonzero((lengths >= lo) & (lengths < (hi if hi is not None else np.inf)))
         if not len(idx):
             continue
+        band = [chains[i] for i in idx.tolist()]
         t0 = time.perf_counter()
-        pg.tm_align(query, [chains[i] for i in idx.tolist()], device=device)  # NumPy out: synchronous
-        rows.append({"lengths": f"{lo}-{hi - 1 if hi is not None else int(lengths.max())}", "entries": len(idx),
-                     "seconds": time.perf_counter() - t0})
+        pg.tm_align(query, band, device=device)  # NumPy out: synchronous
+        row = {"lengths": f"{lo}-{hi - 1 if hi is not None else int(lengths.max())}", "entries": len(idx),
+               "seconds": time.perf_counter() - t0}
+        if device == "gpu":
+            from protgpu.align import gpu
+
+            pairs = np.stack([np.zeros(len(band), dtype=np.int64), np.arange(len(band))], axis=1)
+            _, prof = gpu.tm_align_gpu([query.ca], [c.ca for c in band], [query.sequence],
+                                       [c.sequence for c in band], pairs, [float(len(c.ca)) for c in band],
+                                       profile=True)
+            row.update(profile_shares(prof))
+        rows.append(row)
     return rows
+
+
+def profile_shares(prof: np.ndarray) -> dict:
+    """The kernel's profile counters (``gpu.PROFILE_SLOTS``, SM cycles a pair) as ``--quick`` reports
+    them: mean megacycles a pair; the six stages' shares of their sum; the DP's, the TM-score searches'
+    and the quick scores' shares of the whole pair."""
+    from protgpu.align import gpu
+
+    cyc = prof.sum(axis=0).astype(np.float64)
+    stages = cyc[:6].sum()
+    row = {"mcycles": cyc[9] / len(prof) / 1e6}
+    for k, name in enumerate(gpu.PROFILE_SLOTS[:6]):
+        row[name] = cyc[k] / stages if stages else float("nan")
+    for k, name in enumerate(gpu.PROFILE_SLOTS[6:9], start=6):
+        row[name] = cyc[k] / cyc[9] if cyc[9] else float("nan")
+    return row
 
 
 def timed_search(query, db, device: str, top) -> dict:
@@ -628,16 +656,11 @@ def quick_throughput(args) -> dict:
         finally:
             gpu.PIECES = pieces
         _, prof = run(pairs, profile=True)
-        cyc = prof.sum(axis=0).astype(np.float64)
-        stages = cyc[:6].sum()
         row = {"size": size, "pairs": n, "threads": gpu.THREADS, "min_blocks": gpu.MIN_BLOCKS, "pieces": gpu.PIECES,
                "pairs_s": n / total, "one_piece_pairs_s": n / whole, "api_pairs_s": n / api,
                "kernel_pairs_s": n / max(total - host, 1e-9),
                "host_s": host}
-        for k, name in enumerate(gpu.PROFILE_SLOTS[:6]):
-            row[name] = cyc[k] / stages if stages else float("nan")
-        for k, name in enumerate(gpu.PROFILE_SLOTS[6:9], start=6):
-            row[name] = cyc[k] / cyc[9] if cyc[9] else float("nan")
+        row.update(profile_shares(prof))
         rows.append(row)
         print_table([row], list(row))
     return {"rows": rows, "note": "pairs/s of tm_align_gpu on random-walk chains; stage columns: shares of the SM "
