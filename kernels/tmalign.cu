@@ -5,12 +5,12 @@
 // rules; see docs/design/tm-align.md "GPU").
 //
 // Work split inside a block: the block's DPs run as strips of rows pipelined over its warps, and their
-// tracebacks on warp 0 (tmalign_pair.cuh); the TM-score search gives one seed to a warp (its lanes take the
-// aligned pairs); the quick scores of gapless threadings give one offset to a warp; the local fragment
-// stage gives fragment pairs to a warp two at a time (fits, one sweep of both DPs on half the lanes each,
-// then each traceback and quick score); the few block-wide sums and fits run on warp 0. Every float is a
-// double, as in TM-align. The pair's state, the workspace layout and the DP are in tmalign_pair.cuh, the
-// fits and searches in tmalign_search.cuh.
+// tracebacks on warp 0 (tmalign_pair.cuh); the TM-score search gives two seeds to a warp, one to each
+// half (its 16 lanes take the aligned pairs; the halves run in step); the quick scores of gapless
+// threadings give one offset to a warp; the local fragment stage gives fragment pairs to a warp two at a
+// time (fits, one sweep of both DPs on half the lanes each, then each traceback and quick score); the
+// few block-wide sums and fits run on warp 0. Every float is a double, as in TM-align. The pair's state,
+// the workspace layout and the DP are in tmalign_pair.cuh, the fits and searches in tmalign_search.cuh.
 //
 // The same text compiles on the host as plain C++ with TMALIGN_HOST defined (a block of one thread;
 // tests/align/test_tmalign_kernel_host.py builds it with g++ and checks it against the CPU path).
@@ -52,8 +52,8 @@ __device__ double ta_block_superpose(TaPair& P, int count, Get get, double* R, d
     return rmsd;
 }
 
-// _search.tm_search on the n pairs (xa, ya): seeds by warps, each warp's first strict maximum, then
-// the first seed of the highest score (the reference code's order). Returns the score (-1 for n = 0);
+// _search.tm_search on the n pairs (xa, ya): seeds by half-warp teams, each team's first strict maximum,
+// then the first seed of the highest score (the reference code's order). Returns the score (-1 for n = 0);
 // (R, t) superposes the mobile coordinates.
 __device__ TA_NOINLINE double ta_search(TaPair& P, const double* xa, const double* ya, int n, double d0, double d0s, double norm,
                             int step, double d8, double* R, double* t) {
@@ -77,80 +77,95 @@ __device__ TA_NOINLINE double ta_search(TaPair& P, const double* xa, const doubl
             P.xs[3 * p + k] = xa[3 * p + k] - cx[k];
             P.ys[3 * p + k] = ya[3 * p + k] - cy[k];
         }
-    if (b.rank == 0) P.sh->next_seed = TA_NWARPS;
+    // Two seeds a warp at once, one on each half (TA_SEED_TEAMS teams a warp; team slot = warp x teams
+    // + team): the halves run the same steps together, each on its own seed, so the fit's QCP and the
+    // reductions serve two seeds per warp instruction.
+    constexpr int TEAMS = TA_SEED_TEAMS;
+    int team;
+    const TaSeedTeam st = ta_seed_team(wp, team);
+    const int slot = b.warp * TEAMS + team;
+    if (b.rank == 0) P.sh->next_seed = TA_NWARPS * TEAMS;
     b.sync();
     const double* xs = P.xs;
     const double* ys = P.ys;
     int L[6], cnt[6], n_seeds = 0;
     const int n_len = ta_seed_lengths(n, L);
     for (int i = 0; i < n_len; ++i) n_seeds += (cnt[i] = ta_seed_count(n, L[i], step));
-    double* d2 = P.d2w + (long long)b.warp * P.l2;
-    unsigned char* cur = P.selw + 2LL * b.warp * P.l2;
+    double* d2 = P.d2w + (long long)slot * P.l2;
+    unsigned char* cur = P.selw + 2LL * slot * P.l2;
     unsigned char* nxt = cur + P.l2;
     const double d0sq = d0 * d0;
     double wbest = -TA_INF, wr[12];
     int wseed = 0x7fffffff;
     ta_identity(wr, wr + 9);
-    auto keep = [&](double sc, int s, const double* r, const double* u) {
-        if (sc > wbest) {
-            wbest = sc;
-            wseed = s;
-            for (int k = 0; k < 9; ++k) wr[k] = r[k];
-            for (int k = 0; k < 3; ++k) wr[9 + k] = u[k];
-        }
-    };
-    auto in_set = [&](int p, double* x, double* y) -> bool {
-        if (!cur[p]) return false;
-        for (int k = 0; k < 3; ++k) {
-            x[k] = xs[3 * p + k];
-            y[k] = ys[3 * p + k];
-        }
-        return true;
-    };
-    // A warp takes the next seed when it is done with its last (a shared counter; a seed takes 1 to 21
-    // fits): which warp takes a seed does not change the result, as each warp's seeds are ascending.
-    for (int s = b.warp; s < n_seeds;) {
+    // seed s's length and first pair
+    int len = 0, start = 0;
+    auto place = [&](int s) {
+        if (s >= n_seeds) return;
         int li = 0, r = s;
         while (r >= cnt[li]) r -= cnt[li++];
-        const int len = L[li];
-        const int start = r == cnt[li] - 1 ? n - len : r * step;
+        len = L[li];
+        start = r == cnt[li] - 1 ? n - len : r * step;
+    };
+    // A team takes the next seed when it is done with its last (a shared counter; a seed takes 1 to 21
+    // fits): which team takes a seed does not change the result, as each team's seeds are ascending.
+    // Each step is one fit: a seed's own (round -1), then the refits on its kept pairs (rounds 0 ..);
+    // a team without a seed left steps along with nothing to fit until its warp's other team is done.
+    int s = slot, round = -1;
+    place(s);
+    while (wp.any(s < n_seeds)) {
+        const bool live = s < n_seeds, first = round < 0;
+        const int m = live ? n : 0;  // the pairs this team scores
         double Rs[9], ts[3];
-        ta_fit(wp, len, [&](int p, double* x, double* y) -> bool {
+        ta_fit(st, live ? (first ? len : n) : 0, [&](int p, double* x, double* y) -> bool {
+            const int q = first ? start + p : p;
+            if (!first && !cur[q]) return false;
             for (int k = 0; k < 3; ++k) {
-                x[k] = xs[3 * (start + p) + k];
-                y[k] = ys[3 * (start + p) + k];
+                x[k] = xs[3 * q + k];
+                y[k] = ys[3 * q + k];
             }
             return true;
         }, Rs, ts);
-        for (int p = wp.rank; p < n; p += wp.size) d2[p] = ta_d2(Rs, ts, xs + 3 * p, ys + 3 * p);
-        ta_select(wp, d2, n, d0s - 1.0, cur);
-        keep(ta_score(wp, d2, n, d0sq, d8, norm), s, Rs, ts);
-        for (int it = 0; it < TA_MAX_ROUNDS; ++it) {
-            ta_fit(wp, n, in_set, Rs, ts);
-            for (int p = wp.rank; p < n; p += wp.size) d2[p] = ta_d2(Rs, ts, xs + 3 * p, ys + 3 * p);
-            ta_select(wp, d2, n, d0s + 1.0, nxt);
-            keep(ta_score(wp, d2, n, d0sq, d8, norm), s, Rs, ts);
-            int diff = 0;
-            for (int p = wp.rank; p < n; p += wp.size) diff |= cur[p] != nxt[p];
-            const bool same = !wp.any(diff);
+        for (int p = st.rank; p < m; p += st.size) d2[p] = ta_d2(Rs, ts, xs + 3 * p, ys + 3 * p);
+        ta_select(st, d2, m, first ? d0s - 1.0 : d0s + 1.0, first ? cur : nxt);
+        const double sc = ta_score(st, d2, m, d0sq, d8, norm);
+        if (live && sc > wbest) {  // the team's first strict maximum
+            wbest = sc;
+            wseed = s;
+            for (int k = 0; k < 9; ++k) wr[k] = Rs[k];
+            for (int k = 0; k < 3; ++k) wr[9 + k] = ts[k];
+        }
+        int diff = 0;
+        if (!first)
+            for (int p = st.rank; p < m; p += st.size) diff |= cur[p] != nxt[p];
+        const bool moved = st.any(diff);  // (outside the branch: both halves take every vote)
+        bool done = false;
+        if (!first) {  // the kept set repeats: the seed is done
+            done = !moved || round + 1 == TA_MAX_ROUNDS;
             unsigned char* tmp = cur;
             cur = nxt;
             nxt = tmp;
-            wp.sync();
-            if (same) break;
         }
+        ++round;
+        const bool want = live && done;
         int next = 0;
-        if (wp.rank == 0) next = TA_FETCH_ADD(&P.sh->next_seed, 1);
-        s = wp.shfl(next, 0);
+        if (want && st.rank == 0) next = TA_FETCH_ADD(&P.sh->next_seed, 1);
+        next = wp.shfl(next, team * (TA_LANES / TEAMS));
+        if (want) {
+            s = next;
+            round = -1;
+            place(s);
+        }
+        wp.sync();
     }
-    if (b.lane == 0) {
-        P.sh->wscore[b.warp] = wbest;
-        P.sh->wseed[b.warp] = wseed;
-        for (int k = 0; k < 12; ++k) P.sh->wrt[b.warp * 12 + k] = wr[k];
+    if (st.rank == 0) {
+        P.sh->wscore[slot] = wbest;
+        P.sh->wseed[slot] = wseed;
+        for (int k = 0; k < 12; ++k) P.sh->wrt[slot * 12 + k] = wr[k];
     }
     b.sync();
     int bw = 0;
-    for (int w = 1; w < TA_NWARPS; ++w)
+    for (int w = 1; w < TA_NWARPS * TEAMS; ++w)
         if (P.sh->wscore[w] > P.sh->wscore[bw] || (P.sh->wscore[w] == P.sh->wscore[bw] && P.sh->wseed[w] < P.sh->wseed[bw]))
             bw = w;
     const double best = P.sh->wscore[bw];

@@ -157,7 +157,8 @@ __device__ double ta_superpose(const Team& tm, int count, Get get, double* R, do
 }
 
 // tmscore._select: sel[p] = d < dcut, the cutoff relaxed by 0.5 A while fewer than 3 pairs pass (n > 3),
-// in closed form from the third smallest distance and settled against the loop's own test.
+// in closed form from the third smallest distance and settled against the loop's own test. Teams that
+// run in step (two half-warp seeds) both take the relaxation's reductions when either needs them.
 template <class Team>
 __device__ void ta_select(const Team& tm, const double* d2, int n, double dcut, unsigned char* sel) {
     const double c2 = dcut * dcut;
@@ -167,9 +168,10 @@ __device__ void ta_select(const Team& tm, const double* d2, int n, double dcut, 
         cnt += sel[p];
     }
     tm.sums(&cnt, 1);
-    if (n <= 3 || cnt >= 3.0) return;
+    const bool relax = n > 3 && cnt < 3.0;
+    if (!tm.step_any(relax)) return;
     double m0 = TA_INF, m1 = TA_INF, m2 = TA_INF, nfin = 0.0;
-    for (int p = tm.rank; p < n; p += tm.size) {
+    for (int p = tm.rank; p < (relax ? n : 0); p += tm.size) {
         const double v = d2[p];
         if (!isfinite(v)) continue;
         nfin += 1.0;
@@ -177,6 +179,7 @@ __device__ void ta_select(const Team& tm, const double* d2, int n, double dcut, 
     }
     tm.sums(&nfin, 1);
     tm.min3(m0, m1, m2);
+    if (!relax) return;
     if (nfin < 3.0) {
         for (int p = tm.rank; p < n; p += tm.size) sel[p] = isfinite(d2[p]);
         return;

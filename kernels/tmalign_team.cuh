@@ -127,9 +127,20 @@ struct TaHostSync {
 // Team reductions: every member writes its values, waits, reads all members' in rank order, waits.
 struct TaHostTeam {
     int rank, size, base;  // base: first thread of the team in xch
-    TaBarrier* bar;
+    TaBarrier* bar;  // the barrier of every thread running in step with this team
     TaHostSync* hs;
+    int gbase = 0, gsize = 0;  // those threads (a half-warp team's warp; 0: the team alone)
     void sync() const { bar->wait(); }
+    // Whether any thread running in step with this team (the other half of its warp too) has v.
+    int step_any(int v) const {
+        const int gb = gsize ? gbase : base, gs = gsize ? gsize : size;
+        hs->xch[base + rank][0] = v ? 1.0 : 0.0;
+        bar->wait();
+        int r = 0;
+        for (int i = 0; i < gs; ++i) r |= hs->xch[gb + i][0] > 0.0;
+        bar->wait();
+        return r;
+    }
     void sums(double* v, int k) const {
         for (int i = 0; i < k; ++i) hs->xch[base + rank][i] = v[i];
         bar->wait();
@@ -207,6 +218,7 @@ struct TaWarp {
     void sums(double*, int) const {}
     void min3(double&, double&, double&) const {}
     int any(int v) const { return v; }
+    int step_any(int v) const { return v; }
     void shfl_up(double&, int&) const {}
     double shfl(double v, int) const { return v; }
     int shfl(int v, int) const { return v; }
@@ -228,6 +240,7 @@ struct TaBlock {
     void sums(double*, int) const {}
     void min3(double&, double&, double&) const {}
     int any(int v) const { return v; }
+    int step_any(int v) const { return v; }
 };
 
 #else
@@ -251,6 +264,9 @@ struct TaWarp {
     }
     __device__ void min3(double& a, double& b, double& c) const { ta_warp_min3(a, b, c); }
     __device__ int any(int v) const { return __any_sync(0xffffffffu, v); }
+    // Whether any thread running in step with this team has v: a warp runs alone, and v is the same
+    // on all its lanes wherever this is asked (a value after a team reduction).
+    __device__ int step_any(int v) const { return v; }
     __device__ void shfl_up(double& h, int& p) const {
         h = __shfl_up_sync(0xffffffffu, h, 1);
         p = __shfl_up_sync(0xffffffffu, p, 1);
@@ -303,6 +319,66 @@ struct TaBlock {
         __syncthreads();
     }
     __device__ int any(int v) const { return __syncthreads_or(v); }
+    __device__ int step_any(int v) const { return v; }
 };
 
+// Half a warp (16 lanes) as a team, for two jobs a warp (the TM-score search's seeds): both halves run
+// the same steps together, so reductions are full-warp shuffles within each half (xor 8 .. 1), and a
+// branch around a reduction is taken by both halves when either needs it (step_any).
+__device__ __forceinline__ void ta_half_min3(double& a, double& b, double& c) {
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) {
+        const double oa = __shfl_xor_sync(0xffffffffu, a, o);
+        const double ob = __shfl_xor_sync(0xffffffffu, b, o);
+        const double oc = __shfl_xor_sync(0xffffffffu, c, o);
+        ta_merge3(a, b, c, oa, ob, oc);
+    }
+}
+
+struct TaHalf {
+    int rank, size, half;  // lane in the half, 16, which half of the warp
+    __device__ void sync() const { __syncwarp(); }
+    __device__ void sums(double* v, int k) const {
+        for (int i = 0; i < k; ++i) {
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+        }
+    }
+    __device__ void min3(double& a, double& b, double& c) const { ta_half_min3(a, b, c); }
+    __device__ int any(int v) const { return (__ballot_sync(0xffffffffu, v) >> (16 * half)) & 0xffffu; }
+    __device__ int step_any(int v) const { return __any_sync(0xffffffffu, v); }
+};
+
+#endif
+
+// The team of one TM-score search seed (ta_search): half a warp, two seeds a warp at once, where the
+// warp has two lanes or more (the GPU's 16 of 32; the threaded host build's half "warp"), else the warp.
+#if defined(TMALIGN_HOST) && !defined(TMALIGN_HOST_THREADS)
+typedef TaWarp TaSeedTeam;
+#define TA_SEED_TEAMS 1
+__device__ __forceinline__ TaSeedTeam ta_seed_team(const TaWarp& wp, int& team) {
+    team = 0;
+    return wp;
+}
+#elif defined(TMALIGN_HOST)
+typedef TaHostTeam TaSeedTeam;
+#define TA_SEED_TEAMS (TA_WARP >= 2 ? 2 : 1)
+__device__ __forceinline__ TaSeedTeam ta_seed_team(const TaWarp& wp, int& team) {
+    TaHostTeam t = wp;
+    const int half = TA_WARP / TA_SEED_TEAMS;
+    team = wp.rank / half;
+    t.rank = wp.rank % half;
+    t.size = half;
+    t.base = wp.base + team * half;
+    t.gbase = wp.base;
+    t.gsize = wp.size;
+    return t;
+}
+#else
+typedef TaHalf TaSeedTeam;
+#define TA_SEED_TEAMS 2
+__device__ __forceinline__ TaSeedTeam ta_seed_team(const TaWarp& wp, int& team) {
+    team = wp.rank >> 4;
+    return TaHalf{wp.rank & 15, 16, team};
+}
 #endif

@@ -68,9 +68,10 @@ def block_configs(l1, l2) -> np.ndarray:
 
 def workspace_bytes(l1, l2, nwarps: int | None = None):
     """Bytes of global workspace one pair of L1 and L2 residues takes (the kernel's ``ta_layout``):
-    coordinate copies and per-warp scratch (float64), alignment maps (int32), secondary structure, and
-    per warp its selections and two DP slots, each with the DP's buffers and its traceback, (L1 + 1)(L2 + 1)
-    bytes (the local fragment stage runs two DPs a warp at once). ``l1`` and ``l2`` may be int64 arrays
+    coordinate copies and per-warp scratch (float64, two slots of distances: the TM-score search runs two
+    seeds a warp), alignment maps (int32), secondary structure, and per warp two slots of selections and
+    two DP slots, each with the DP's buffers and its traceback, (L1 + 1)(L2 + 1) bytes (the local fragment
+    stage runs two DPs a warp at once). ``l1`` and ``l2`` may be int64 arrays
     (P,): an array of bytes comes back; ints give an int."""
     l1 = np.asarray(l1, dtype=np.int64)
     l2 = np.asarray(l2, dtype=np.int64)
@@ -80,9 +81,9 @@ def workspace_bytes(l1, l2, nwarps: int | None = None):
     def r8(v):
         return (v + 7) // 8 * 8
 
-    doubles = [3 * l1, 3 * l2, 2 * w * 3 * l1, 3 * lm, 3 * lm, 3 * lm, 3 * lm, 2 * w * (l2 + 1), w * l2]
+    doubles = [3 * l1, 3 * l2, 2 * w * 3 * l1, 3 * lm, 3 * lm, 3 * lm, 3 * lm, 2 * w * (l2 + 1), 2 * w * l2]
     ints = [l2, l2, l2, l2, w * l2, w * l2]
-    nbytes = [l1, l2, 2 * w * (l2 + 1), 2 * w * l2, 2 * w * (l1 + 1) * (l2 + 1)]
+    nbytes = [l1, l2, 2 * w * (l2 + 1), 4 * w * l2, 2 * w * (l1 + 1) * (l2 + 1)]
     total = sum(r8(8 * d) for d in doubles) + sum(r8(4 * i) for i in ints) + sum(r8(b) for b in nbytes)
     return int(total) if np.ndim(total) == 0 else total
 
