@@ -24,9 +24,9 @@
 
 struct TaShared {
     double red[TA_NWARPS * TA_RED_MAX];
-    double wscore[TA_NWARPS * TA_SEED_TEAMS];  // each warp's (ta_initial_local) or team's (ta_search) best
-    int wseed[TA_NWARPS * TA_SEED_TEAMS];
-    double wrt[TA_NWARPS * TA_SEED_TEAMS * 12];
+    double wscore[TA_NWARPS * TA_SEARCH_SLOTS];  // each warp's (ta_initial_local) or team's (ta_search) best
+    int wseed[TA_NWARPS * TA_SEARCH_SLOTS];
+    double wrt[TA_NWARPS * TA_SEARCH_SLOTS * 12];
     int ival[4];
     double bc[16];  // values warp 0 gives the block (ta_block_sums, ta_block_superpose)
     int prog[TA_NWARPS];  // the block DP: cells published by each warp's current strip (ta_nw)
@@ -61,11 +61,12 @@ __device__ long long ta_layout(int l1, int l2, int nwarps, unsigned char* base, 
     const int lm = l1 < l2 ? l1 : l2;
     long long off = 0;
     // per warp: two DP slots (xt, dv, pv: a strip's last row, moves: the local fragment stage runs two
-    // DPs a warp; the block's DPs use slot 0's xt and moves and the rows of slots 0 .. W - 1), two
-    // slots of distances and selections (the TM-score search runs two seeds a warp), and two alignment maps
-    const long long nw = nwarps, ns = 2 * nw;
+    // DPs a warp; the block's DPs use slot 0's xt and moves and the rows of slots 0 .. W - 1),
+    // TA_SEARCH_SLOTS slots of distances and selections (the TM-score search's seeds a warp), and two
+    // alignment maps
+    const long long nw = nwarps, ns = 2 * nw, nq = (long long)TA_SEARCH_SLOTS * nw;
     const long long nd[9] = {3LL * l1, 3LL * l2, ns * 3 * l1, 3LL * lm, 3LL * lm, 3LL * lm, 3LL * lm,
-                             ns * (l2 + 1), ns * l2};
+                             ns * (l2 + 1), nq * l2};
     const long long ni[6] = {l2, l2, l2, l2, nw * l2, nw * l2};
     double** dp[9] = {0};
     int** ip[6] = {0};
@@ -86,7 +87,7 @@ __device__ long long ta_layout(int l1, int l2, int nwarps, unsigned char* base, 
         if (P) *ip[k] = (int*)(base + off);
         off += ta_round8(4LL * ni[k]);
     }
-    const long long nb[5] = {l1, l2, ns * (l2 + 1), 2LL * ns * l2, ns * (l1 + 1) * (l2 + 1)};
+    const long long nb[5] = {l1, l2, ns * (l2 + 1), 2LL * nq * l2, ns * (l1 + 1) * (l2 + 1)};
     for (int k = 0; k < 5; ++k) {
         if (P) *bp[k] = base + off;
         off += ta_round8(nb[k]);

@@ -67,6 +67,11 @@ __device__ __forceinline__ double ta_div_by(double a, double b, double inv_b) {
 #define TA_LANES TA_WARP
 #endif
 #define TA_RED_MAX 16  // most values one team reduction sums at once
+// Lanes of one TM-score search seed's team on the GPU (ta_search; TaPart), so TA_SEARCH_SLOTS seeds a warp.
+#ifndef TA_SEED_LANES
+#define TA_SEED_LANES 16
+#endif
+#define TA_SEARCH_SLOTS (32 / TA_SEED_LANES)
 // How much a refinement round's or a stage's score must beat the best to replace its alignment (the CPU
 // path's _fast._TIE): alignments that differ only in pairs beyond score_d8 score the same, and TM-align
 // keeps the first; sums in another order than TM-align's leave them an ulp apart.
@@ -322,37 +327,40 @@ struct TaBlock {
     __device__ int step_any(int v) const { return v; }
 };
 
-// Half a warp (16 lanes) as a team, for two jobs a warp (the TM-score search's seeds): both halves run
-// the same steps together, so reductions are full-warp shuffles within each half (xor 8 .. 1), and a
-// branch around a reduction is taken by both halves when either needs it (step_any).
-__device__ __forceinline__ void ta_half_min3(double& a, double& b, double& c) {
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) {
-        const double oa = __shfl_xor_sync(0xffffffffu, a, o);
-        const double ob = __shfl_xor_sync(0xffffffffu, b, o);
-        const double oc = __shfl_xor_sync(0xffffffffu, c, o);
-        ta_merge3(a, b, c, oa, ob, oc);
-    }
-}
-
-struct TaHalf {
-    int rank, size, half;  // lane in the half, 16, which half of the warp
+// A part of a warp (TA_SEED_LANES lanes) as a team, for several jobs a warp (the TM-score search's
+// seeds): all parts run the same steps together, so reductions are full-warp shuffles within each part
+// (xor TA_SEED_LANES / 2 .. 1), and a branch around a reduction is taken by every part when any needs it
+// (step_any).
+struct TaPart {
+    int rank, size, part;  // lane in the part, TA_SEED_LANES, which part of the warp
     __device__ void sync() const { __syncwarp(); }
     __device__ void sums(double* v, int k) const {
         for (int i = 0; i < k; ++i) {
 #pragma unroll
-            for (int o = 8; o > 0; o >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+            for (int o = TA_SEED_LANES / 2; o > 0; o >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
         }
     }
-    __device__ void min3(double& a, double& b, double& c) const { ta_half_min3(a, b, c); }
-    __device__ int any(int v) const { return (__ballot_sync(0xffffffffu, v) >> (16 * half)) & 0xffffu; }
+    __device__ void min3(double& a, double& b, double& c) const {
+#pragma unroll
+        for (int o = TA_SEED_LANES / 2; o > 0; o >>= 1) {
+            const double oa = __shfl_xor_sync(0xffffffffu, a, o);
+            const double ob = __shfl_xor_sync(0xffffffffu, b, o);
+            const double oc = __shfl_xor_sync(0xffffffffu, c, o);
+            ta_merge3(a, b, c, oa, ob, oc);
+        }
+    }
+    __device__ int any(int v) const {
+        return (__ballot_sync(0xffffffffu, v) >> (TA_SEED_LANES * part)) & (0xffffffffu >> (32 - TA_SEED_LANES));
+    }
     __device__ int step_any(int v) const { return __any_sync(0xffffffffu, v); }
 };
 
 #endif
 
-// The team of one TM-score search seed (ta_search): half a warp, two seeds a warp at once, where the
-// warp has two lanes or more (the GPU's 16 of 32; the threaded host build's half "warp"), else the warp.
+// The team of one TM-score search seed (ta_search): a part of TA_SEED_LANES lanes of a warp on the GPU,
+// TA_SEARCH_SLOTS seeds a warp at once (the workspace and the shared arrays hold that many a warp in
+// every build); the threaded host build's "warp" is cut into as many parts as it has lanes for, and the
+// one-thread build runs one seed at a time.
 #if defined(TMALIGN_HOST) && !defined(TMALIGN_HOST_THREADS)
 typedef TaWarp TaSeedTeam;
 #define TA_SEED_TEAMS 1
@@ -362,23 +370,25 @@ __device__ __forceinline__ TaSeedTeam ta_seed_team(const TaWarp& wp, int& team) 
 }
 #elif defined(TMALIGN_HOST)
 typedef TaHostTeam TaSeedTeam;
-#define TA_SEED_TEAMS (TA_WARP >= 2 ? 2 : 1)
+#define TA_SEED_TEAMS (TA_WARP < TA_SEARCH_SLOTS ? TA_WARP : TA_SEARCH_SLOTS)
 __device__ __forceinline__ TaSeedTeam ta_seed_team(const TaWarp& wp, int& team) {
     TaHostTeam t = wp;
-    const int half = TA_WARP / TA_SEED_TEAMS;
-    team = wp.rank / half;
-    t.rank = wp.rank % half;
-    t.size = half;
-    t.base = wp.base + team * half;
+    const int lanes = TA_WARP / TA_SEED_TEAMS;
+    team = wp.rank / lanes;
+    t.rank = wp.rank % lanes;
+    t.size = lanes;
+    t.base = wp.base + team * lanes;
     t.gbase = wp.base;
     t.gsize = wp.size;
     return t;
 }
 #else
-typedef TaHalf TaSeedTeam;
-#define TA_SEED_TEAMS 2
+typedef TaPart TaSeedTeam;
+#define TA_SEED_TEAMS TA_SEARCH_SLOTS
 __device__ __forceinline__ TaSeedTeam ta_seed_team(const TaWarp& wp, int& team) {
-    team = wp.rank >> 4;
-    return TaHalf{wp.rank & 15, 16, team};
+    constexpr int shift = TA_SEED_LANES == 16 ? 4 : TA_SEED_LANES == 8 ? 3 : TA_SEED_LANES == 4 ? 2 : 1;
+    static_assert(TA_SEED_LANES == 1 << shift, "TA_SEED_LANES: 2, 4, 8 or 16");
+    team = wp.rank >> shift;
+    return TaPart{wp.rank & (TA_SEED_LANES - 1), TA_SEED_LANES, team};
 }
 #endif

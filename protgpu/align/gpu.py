@@ -36,6 +36,10 @@ PROFILE_SLOTS = ("threading", "secondary_structure", "local_superposition", "bes
                  "fragment_threading", "final_scores", "dp", "tm_search", "quick_scores", "total")
 
 
+#: TM-score search seeds a warp runs at once (the kernel's TA_SEARCH_SLOTS, 32 / TA_SEED_LANES): the
+#: workspace holds that many slots of distances and selections a warp.
+SEARCH_SLOTS = 2
+
 #: Block size by pair size: rows (longest chain of the pair, TA_THREADS, TA_MIN_BLOCKS), by increasing
 #: length; a pair takes the first row whose length is at least its longer chain's, pairs longer than
 #: every row take THREADS and MIN_BLOCKS (so an empty table means THREADS and MIN_BLOCKS for all).
@@ -68,11 +72,11 @@ def block_configs(l1, l2) -> np.ndarray:
 
 def workspace_bytes(l1, l2, nwarps: int | None = None):
     """Bytes of global workspace one pair of L1 and L2 residues takes (the kernel's ``ta_layout``):
-    coordinate copies and per-warp scratch (float64, two slots of distances: the TM-score search runs two
-    seeds a warp), alignment maps (int32), secondary structure, and per warp two slots of selections and
-    two DP slots, each with the DP's buffers and its traceback, (L1 + 1)(L2 + 1) bytes (the local fragment
-    stage runs two DPs a warp at once). ``l1`` and ``l2`` may be int64 arrays
-    (P,): an array of bytes comes back; ints give an int."""
+    coordinate copies and per-warp scratch (float64, :data:`SEARCH_SLOTS` slots of distances: the
+    TM-score search's seeds a warp), alignment maps (int32), secondary structure, and per warp that many
+    slots of selections (two each) and two DP slots, each with the DP's buffers and its traceback,
+    (L1 + 1)(L2 + 1) bytes (the local fragment stage runs two DPs a warp at once). ``l1`` and ``l2`` may
+    be int64 arrays (P,): an array of bytes comes back; ints give an int."""
     l1 = np.asarray(l1, dtype=np.int64)
     l2 = np.asarray(l2, dtype=np.int64)
     lm = np.minimum(l1, l2)
@@ -81,9 +85,10 @@ def workspace_bytes(l1, l2, nwarps: int | None = None):
     def r8(v):
         return (v + 7) // 8 * 8
 
-    doubles = [3 * l1, 3 * l2, 2 * w * 3 * l1, 3 * lm, 3 * lm, 3 * lm, 3 * lm, 2 * w * (l2 + 1), 2 * w * l2]
+    q = SEARCH_SLOTS * w
+    doubles = [3 * l1, 3 * l2, 2 * w * 3 * l1, 3 * lm, 3 * lm, 3 * lm, 3 * lm, 2 * w * (l2 + 1), q * l2]
     ints = [l2, l2, l2, l2, w * l2, w * l2]
-    nbytes = [l1, l2, 2 * w * (l2 + 1), 4 * w * l2, 2 * w * (l1 + 1) * (l2 + 1)]
+    nbytes = [l1, l2, 2 * w * (l2 + 1), 2 * q * l2, 2 * w * (l1 + 1) * (l2 + 1)]
     total = sum(r8(8 * d) for d in doubles) + sum(r8(4 * i) for i in ints) + sum(r8(b) for b in nbytes)
     return int(total) if np.ndim(total) == 0 else total
 
