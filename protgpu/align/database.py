@@ -88,8 +88,9 @@ class StructureDB:
 #: and a bounded host footprint (float64 chains and alignments of one chunk, ~0.3 GB at 300 residues).
 CHUNK = 32768
 
-#: Entries per tm_align call while :func:`search` can skip entries (``top`` or ``min_tm`` given):
-#: the skip is decided between calls, so smaller calls skip more; this many still fill the device.
+#: Entries per tm_align call while :func:`search` can skip entries (``top`` or ``min_tm`` given) and
+#: the entries are shorter than the query: the skip is decided between calls, so smaller calls skip
+#: more; this many still fill the device.
 BOUNDED_CHUNK = 4096
 
 _FIELDS = (("tm_query", "tm_mobile"), ("tm_target", "tm_target"), ("rmsd", "rmsd"), ("n_aligned", "n_aligned"),
@@ -121,8 +122,9 @@ def search(query, db, *, top=None, min_tm=0.0, device="auto", chunk=CHUNK) -> li
 
     The entries go to :func:`~protgpu.align.tm_align` in chunks of ``chunk`` (one call each, batched
     on the GPU), so host memory is bounded by the chunk, not the database. With ``top`` or
-    ``min_tm``, entries that cannot make the list are not aligned: chunks go from the longest
-    entries down (up to the query's length), and an entry is skipped once its bound
+    ``min_tm``, entries that cannot make the list are not aligned: the entries at least as long as
+    the query first (in chunks of ``chunk``), then the shorter ones from the longest down (in chunks
+    of at most :data:`BOUNDED_CHUNK`), and an entry is skipped once its bound
     (:func:`tm_query_bound`) is below ``min_tm`` or below the ``top``-th best ``tm_query`` found so far.
     The rows are those of aligning every entry.
 
@@ -138,7 +140,8 @@ def search(query, db, *, top=None, min_tm=0.0, device="auto", chunk=CHUNK) -> li
         Keep rows with ``tm_query`` at least this.
     device : {"auto", "cpu", "gpu"}
     chunk : int
-        Entries per ``tm_align`` call (at most :data:`BOUNDED_CHUNK` with ``top`` or ``min_tm``).
+        Entries per ``tm_align`` call (at most :data:`BOUNDED_CHUNK` for the entries shorter than the
+        query, with ``top`` or ``min_tm``).
 
     Returns
     -------
@@ -158,7 +161,9 @@ def search(query, db, *, top=None, min_tm=0.0, device="auto", chunk=CHUNK) -> li
     bound = tm_query_bound(len(query.ca), db.lengths)
     # Highest bound first (database order among equals), so that the skipped entries are a tail.
     order = np.argsort(-bound, kind="stable") if bounded else np.arange(len(db))
-    step = min(chunk, BOUNDED_CHUNK) if bounded else chunk
+    # The entries at least as long as the query (bound 1) are never skipped: they go in whole chunks,
+    # the rest in smaller ones (the cut is updated between calls).
+    whole = int(np.count_nonzero(bound >= 1.0)) if bounded else len(db)
     done, cols = [], {k: [] for k, _ in _FIELDS}
     start, cut = 0, float(min_tm)
     while start < len(order):
@@ -166,7 +171,8 @@ def search(query, db, *, top=None, min_tm=0.0, device="auto", chunk=CHUNK) -> li
         # by a few units in the last place; skip only what is below by more.
         if bound[order[start]] * (1.0 + 1e-12) < cut:
             break
-        idx = order[start:start + step]
+        stop = min(start + chunk, whole) if start < whole else start + min(chunk, BOUNDED_CHUNK)
+        idx = order[start:stop]
         start += len(idx)
         r = tm_align(query, [db.chain(k) for k in idx.tolist()], device=device)
         done.append(idx)

@@ -215,12 +215,16 @@ def test_search_bounds_equal_aligning_everything(monkeypatch, tmp_path, lengths,
     score = {f"e{k}": (bound[k] * rng.integers(0, levels + 1) / levels, rng.integers(0, 3) / 2)
              for k in range(len(lengths))}
 
+    calls = []
+
     def stand_in(query, entries, **kwargs):
+        calls.append([int(e.name[1:]) for e in entries])
         tq, tt = np.array([score[e.name] for e in entries]).T
         n = np.array([len(e.ca) for e in entries])
         return SimpleNamespace(tm_mobile=tq, tm_target=tt, rmsd=tt * 2, n_aligned=n, seq_identity=tt / 3)
 
     monkeypatch.setattr(api, "tm_align", stand_in)
+    monkeypatch.setattr(database, "BOUNDED_CHUNK", 2)
     cs = [Chain(rng.normal(size=(n, 3)), "A" * n, f"e{k}", 0) for k, n in enumerate(lengths)]
     path = tmp_path / f"h{seed}-{len(lengths)}.pgdb"
     db = database.load(database.write(path, cs))
@@ -230,3 +234,10 @@ def test_search_bounds_equal_aligning_everything(monkeypatch, tmp_path, lengths,
     want = [f"e{k}" for k in keys if score[f"e{k}"][0] >= min_tm][:top]
     assert [r["target"] for r in got] == want
     assert [r["tm_query"] for r in got] == [score[n][0] for n in want]
+    # when the search can skip: the entries at least as long as the query in calls of their own, the
+    # shorter ones in calls of at most BOUNDED_CHUNK
+    for c in calls:
+        assert len(c) <= chunk
+        if top is not None or min_tm > 0.0:
+            long = {bool(bound[k] >= 1.0) for k in c}
+            assert len(long) == 1 and (long == {True} or len(c) <= 2)
