@@ -164,14 +164,17 @@ def search(query, db, *, top=None, min_tm=0.0, device="auto", chunk=CHUNK) -> li
     # The entries at least as long as the query (bound 1) are never skipped: they go in whole chunks,
     # the rest in smaller ones (the cut is updated between calls).
     whole = int(np.count_nonzero(bound >= 1.0)) if bounded else len(db)
+    # 1e-12: the kernel's and the CPU path's scores may round the bound's division differently by a few
+    # units in the last place; skip only what is below the cut by more. Ascending, for searchsorted.
+    lowered = -bound[order] * (1.0 + 1e-12)
     done, cols = [], {k: [] for k, _ in _FIELDS}
     start, cut = 0, float(min_tm)
     while start < len(order):
-        # 1e-12: the kernel's and the CPU path's scores may round the bound's division differently
-        # by a few units in the last place; skip only what is below by more.
-        if bound[order[start]] * (1.0 + 1e-12) < cut:
+        # the entries that can still make the list: a prefix of those left, as the bound decreases
+        alive = int(np.searchsorted(lowered, -cut, side="right"))
+        if start >= alive:
             break
-        stop = min(start + chunk, whole) if start < whole else start + min(chunk, BOUNDED_CHUNK)
+        stop = min(start + chunk, whole) if start < whole else min(start + min(chunk, BOUNDED_CHUNK), alive)
         idx = order[start:stop]
         start += len(idx)
         r = tm_align(query, [db.chain(k) for k in idx.tolist()], device=device)
