@@ -251,9 +251,12 @@ struct TaBlock {
 #else
 #include "common.cuh"  // pg_warp_sum
 
-__device__ __forceinline__ void ta_warp_min3(double& a, double& b, double& c) {
+// The three smallest values of the lanes of each group of 2 FIRST lanes (xor FIRST .. 1), every lane
+// getting them: a whole warp's (FIRST = 16) or a part's (TaPart).
+template <int FIRST>
+__device__ __forceinline__ void ta_xor_min3(double& a, double& b, double& c) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
+    for (int o = FIRST; o > 0; o >>= 1) {
         const double oa = __shfl_xor_sync(0xffffffffu, a, o);
         const double ob = __shfl_xor_sync(0xffffffffu, b, o);
         const double oc = __shfl_xor_sync(0xffffffffu, c, o);
@@ -267,7 +270,7 @@ struct TaWarp {
     __device__ void sums(double* v, int k) const {
         for (int i = 0; i < k; ++i) v[i] = pg_warp_sum(v[i]);
     }
-    __device__ void min3(double& a, double& b, double& c) const { ta_warp_min3(a, b, c); }
+    __device__ void min3(double& a, double& b, double& c) const { ta_xor_min3<16>(a, b, c); }
     __device__ int any(int v) const { return __any_sync(0xffffffffu, v); }
     // Whether any thread running in step with this team has v: a warp runs alone, and v is the same
     // on all its lanes wherever this is asked (a value after a team reduction).
@@ -311,7 +314,7 @@ struct TaBlock {
         __syncthreads();
     }
     __device__ void min3(double& a, double& b, double& c) const {
-        ta_warp_min3(a, b, c);
+        ta_xor_min3<16>(a, b, c);
         if (lane == 0) {
             red[warp * TA_RED_MAX] = a;
             red[warp * TA_RED_MAX + 1] = b;
@@ -340,15 +343,7 @@ struct TaPart {
             for (int o = TA_SEED_LANES / 2; o > 0; o >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
         }
     }
-    __device__ void min3(double& a, double& b, double& c) const {
-#pragma unroll
-        for (int o = TA_SEED_LANES / 2; o > 0; o >>= 1) {
-            const double oa = __shfl_xor_sync(0xffffffffu, a, o);
-            const double ob = __shfl_xor_sync(0xffffffffu, b, o);
-            const double oc = __shfl_xor_sync(0xffffffffu, c, o);
-            ta_merge3(a, b, c, oa, ob, oc);
-        }
-    }
+    __device__ void min3(double& a, double& b, double& c) const { ta_xor_min3<TA_SEED_LANES / 2>(a, b, c); }
     __device__ int any(int v) const {
         return (__ballot_sync(0xffffffffu, v) >> (TA_SEED_LANES * part)) & (0xffffffffu >> (32 - TA_SEED_LANES));
     }
