@@ -37,11 +37,14 @@ the results file keeps the parts of earlier runs, so the parts can be run in sep
     python3 benchmarks/bench_align.py --merge part1.json part2.json ... [--json PATH]
     python3 benchmarks/bench_align.py --quick [--quick-scale S] [--threads T --min-blocks M] [--pieces K] [--json PATH]
     python3 benchmarks/bench_align.py --host-only [--quick-scale S] [--json PATH]
+    python3 benchmarks/bench_align.py --block-sizes [--block-configs 256x2,128x4] [--quick-scale S] [--json PATH]
 
 ``--quick`` runs only the GPU kernel on synthetic chains of 100, 300 and 1,000 residues, with each
 stage's share of the SM cycles (``quick_throughput``; under a minute and a half on an H200), and writes
 ``results/align-quick-<device>.json``. ``--host-only`` times the GPU path's host work per pair (pack, launch
 plan, unpack) without a GPU (``host_throughput``) and writes ``results/align-host-<device>.json``.
+``--block-sizes`` compares block sizes (``block_sizes``: real chains by length and the search's bands,
+interleaved) and writes ``results/align-blocks-<device>.json``: what ``gpu.BUCKETS`` is set from.
 
 Writes ``results/align-<device>.json`` (merging the parts already there; ``--merge`` joins the parts of
 files written by separate runs, each part keeping its own machine and arguments).
@@ -590,8 +593,8 @@ def host_seconds(gpu, chains, pairs, norms, seqs, res, repeats: int = 1) -> dict
         t1 = time.perf_counter()
         lens = pk.chain_len
         l1, l2 = lens[pk.pair_chain[:, 0]], lens[pk.pair_chain[:, 1]]
-        gpu.block_configs(l1, l2)
-        np.argsort(-np.asarray(gpu.workspace_bytes(l1, l2)), kind="stable")
+        warps = gpu.block_configs(l1, l2)[:, 0] // 32
+        np.argsort(-np.asarray(gpu.workspace_bytes(l1, l2, warps)), kind="stable")
         t2 = time.perf_counter()
         if outputs is None:
             outputs = kernel_outputs(pk, res)
@@ -618,6 +621,8 @@ def quick_throughput(args) -> dict:
     import protgpu as pg
     from protgpu.align import gpu
 
+    if args.threads or args.min_blocks:  # that block size for every pair: no length buckets
+        gpu.BUCKETS = ()
     if args.threads:
         gpu.THREADS = args.threads
     if args.min_blocks:
@@ -656,7 +661,8 @@ def quick_throughput(args) -> dict:
         finally:
             gpu.PIECES = pieces
         _, prof = run(pairs, profile=True)
-        row = {"size": size, "pairs": n, "threads": gpu.THREADS, "min_blocks": gpu.MIN_BLOCKS, "pieces": gpu.PIECES,
+        threads, min_blocks = gpu.block_config(size, size)
+        row = {"size": size, "pairs": n, "threads": threads, "min_blocks": min_blocks, "pieces": gpu.PIECES,
                "pairs_s": n / total, "one_piece_pairs_s": n / whole, "api_pairs_s": n / api,
                "kernel_pairs_s": n / max(total - host, 1e-9),
                "host_s": host}
@@ -665,6 +671,83 @@ def quick_throughput(args) -> dict:
         print_table([row], list(row))
     return {"rows": rows, "note": "pairs/s of tm_align_gpu on random-walk chains; stage columns: shares of the SM "
                                   "cycles of the stages; dp, tm_search, quick_scores: shares of the whole pair's"}
+
+
+def block_sizes(args) -> dict:
+    """``--block-sizes``: pairs/s of ``pg.tm_align`` on the GPU with every pair on one block size
+    (``--block-configs``, TA_THREADS x TA_MIN_BLOCKS; ``gpu.BUCKETS`` off), interleaved: each config once,
+    then again in reverse order. Pairs: random pairs of real chains of a band of lengths (all-vs-all, as
+    part a draws them), and part b's 300-residue query against synthetic entries of each band of
+    :data:`SEARCH_BANDS` (the search's calls). Every config's TM-scores must equal the first's bit for bit
+    (``same``); the summary gives each config's best pairs/s and its ratio to the first config's."""
+    import protgpu as pg
+    from protgpu.align import gpu
+
+    configs = [tuple(int(v) for v in c.split("x")) for c in args.block_configs.split(",")]
+    rng = np.random.default_rng(SEED)
+    _, scope = scope_set(args.corpus)
+    gt = gtalign_chains(args.corpus)
+    every = scope + gt
+    cases = []  # (kind, lengths, mobile chains, target chains)
+    for lo, hi, count in ((80, 120, 20_000), (150, 250, 8_000), (250, 350, 6_000), (351, 450, 3_000),
+                          (451, 600, 1_500), (601, 849, 600), (850, None, 300)):
+        chains = [c for c in every if lo <= len(c.ca) and (hi is None or len(c.ca) <= hi)]
+        if len(chains) < 2:
+            continue
+        count = max(1, int(count * args.quick_scale))
+        pairs = random_pairs(len(chains), count, rng)
+        cases.append(("all_vs_all", f"{lo}-{hi if hi is not None else max(len(c.ca) for c in chains)}",
+                      [chains[i] for i in pairs[:, 0].tolist()], [chains[i] for i in pairs[:, 1].tolist()]))
+    query = next(c for c in gt if 290 <= len(c.ca) <= 310)
+    pool = scope + gt
+    entries = []
+    for k in range(max(1, int(12_000 * args.quick_scale))):  # part b's entries
+        c = pool[k % len(pool)]
+        entries.append(c._replace(ca=(c.ca + rng.normal(scale=0.5, size=c.ca.shape)).astype(np.float32)
+                                  .astype(np.float64)))
+    for lo, hi in SEARCH_BANDS:
+        band = [e for e in entries if lo <= len(e.ca) and (hi is None or len(e.ca) < hi)]
+        if band:
+            cases.append(("search", f"{lo}-{hi - 1 if hi is not None else max(len(e.ca) for e in band)}",
+                          query, band))  # one against many, as the search calls it
+    saved = gpu.BUCKETS, gpu.THREADS, gpu.MIN_BLOCKS
+    rows, first = [], {}
+    try:
+        for threads, min_blocks in configs:  # compile (or load) outside the clock
+            gpu.BUCKETS, gpu.THREADS, gpu.MIN_BLOCKS = (), threads, min_blocks
+            pg.tm_align(gt[:4], gt[4:8], device="gpu")
+        for rnd, order in enumerate((configs, configs[::-1])):
+            for threads, min_blocks in order:
+                gpu.BUCKETS, gpu.THREADS, gpu.MIN_BLOCKS = (), threads, min_blocks
+                for kind, lengths, mob, tgt in cases:
+                    t0 = time.perf_counter()
+                    r = pg.tm_align(mob, tgt, device="gpu")  # NumPy out: synchronous
+                    seconds = time.perf_counter() - t0
+                    tm = np.stack([np.asarray(r.tm_mobile), np.asarray(r.tm_target)])
+                    ref = first.setdefault((kind, lengths), tm)
+                    row = {"kind": kind, "lengths": lengths, "pairs": len(tgt), "threads": threads,
+                           "min_blocks": min_blocks, "round": rnd, "seconds": seconds,
+                           "pairs_s": len(tgt) / seconds, "same": bool(np.array_equal(ref, tm))}
+                    print(row, flush=True)
+                    rows.append(row)
+    finally:
+        gpu.BUCKETS, gpu.THREADS, gpu.MIN_BLOCKS = saved
+    summary = []
+    for kind, lengths, _mob, tgt in cases:
+        mine = [r for r in rows if (r["kind"], r["lengths"]) == (kind, lengths)]
+        best = {c: max(r["pairs_s"] for r in mine if (r["threads"], r["min_blocks"]) == c) for c in configs}
+        row = {"kind": kind, "lengths": lengths, "pairs": len(tgt), "same": all(r["same"] for r in mine)}
+        for c in configs:
+            row[f"{c[0]}x{c[1]}_pairs_s"] = best[c]
+            row[f"{c[0]}x{c[1]}_vs_{configs[0][0]}x{configs[0][1]}"] = best[c] / best[configs[0]]
+        summary.append(row)
+    print_table(summary, list(summary[0]))
+    return {"rows": summary, "runs": rows, "query_length": len(query.ca),
+            "buckets": [list(b) for b in gpu.BUCKETS],
+            "note": "pairs/s of pg.tm_align on the GPU with every pair on one block size (threads x blocks an "
+                    "SM), best of two interleaved rounds; all_vs_all: random pairs of real chains of the "
+                    "band; search: part b's query against synthetic entries of the band; same: TM-scores "
+                    "equal to the first config's bit for bit"}
 
 
 HOST_SIZES = ((100, 4000), (300, 1000))
@@ -767,14 +850,19 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="--quick: the kernel's TA_THREADS (gpu.THREADS)")
     ap.add_argument("--min-blocks", type=int, default=None, help="--quick: its TA_MIN_BLOCKS (gpu.MIN_BLOCKS)")
     ap.add_argument("--pieces", type=int, default=None, help="--quick: kernels a chunk is launched as (gpu.PIECES)")
+    ap.add_argument("--block-sizes", action="store_true",
+                    help="only pg.tm_align's pairs/s by block size on real chains and part b's search bands")
+    ap.add_argument("--block-configs", default="256x2,128x4",
+                    help="--block-sizes: THREADSxMIN_BLOCKS to compare, the first is the ratios' base")
     ap.add_argument("--host-only", action="store_true",
                     help="only the GPU path's host work per pair (pack, plan, unpack) at 100 and 300 residues; no GPU")
     args = ap.parse_args(argv)
-    if args.host_only or args.quick:  # one table each, in its own results file
-        name, run = ("align-host", host_throughput) if args.host_only else ("align-quick", quick_throughput)
+    if args.host_only or args.quick or args.block_sizes:  # one table each, in its own results file
+        name, run = (("align-host", host_throughput) if args.host_only else
+                     ("align-blocks", block_sizes) if args.block_sizes else ("align-quick", quick_throughput))
         result = run(args)
         out = Path(args.json) if args.json else RESULTS / f"{name}-{device_tag(machine())}.json"
-        write_results(name, result["rows"], {"note": result["note"]}, path=str(out))
+        write_results(name, result.pop("rows"), result, path=str(out))
         print(f"wrote {out}")
         return 0
     if args.merge:

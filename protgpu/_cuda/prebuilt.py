@@ -87,9 +87,9 @@ def default_configs() -> list[tuple[str, dict, bool]]:
         ("lddt", {"LDDT_WARPS": LDDT_WARPS}, False),
         ("gdt_windows", {"GW_WARPS": GW_WARPS}, False),  # OpenStructure's GDT (score_complex)
         ("consensus", {}, False),
-        ("tmalign", tmalign_gpu.defines(), False),
         ("attention", {}, False),  # bias_softmax_*
     ]
+    out += [("tmalign", tmalign_gpu.defines(t, m), False) for t, m in tmalign_gpu.launch_configs()]
     out += [("attention", {"HEAD_DIM": d}, False) for d in HEAD_DIMS]  # flash_simt_*
     saved = dict(flash.FLASH_OVERRIDES)
     flash.FLASH_OVERRIDES.clear()  # the defaults, whatever a benchmark in this process set

@@ -43,7 +43,11 @@ SEARCH_SLOTS = 2
 #: Block size by pair size: rows (longest chain of the pair, TA_THREADS, TA_MIN_BLOCKS), by increasing
 #: length; a pair takes the first row whose length is at least its longer chain's, pairs longer than
 #: every row take THREADS and MIN_BLOCKS (so an empty table means THREADS and MIN_BLOCKS for all).
-BUCKETS: tuple = ()
+#: Pairs up to 600 residues run on 128 threads, four blocks an SM: twice the pairs at once, each on half
+#: the warps (their DPs' strips and searches' seeds leave 8 warps idle much of the time), measured faster on
+#: real chains up to 600 residues and slower beyond (``bench_align.py --block-sizes``; docs/design/tm-align.md).
+#: Every block size gives the same results bit for bit.
+BUCKETS: tuple = ((600, 128, 4),)
 
 
 def defines(threads: int | None = None, min_blocks: int | None = None) -> dict:
@@ -51,6 +55,16 @@ def defines(threads: int | None = None, min_blocks: int | None = None) -> dict:
     given."""
     return {"TA_THREADS": THREADS if threads is None else threads,
             "TA_MIN_BLOCKS": MIN_BLOCKS if min_blocks is None else min_blocks}
+
+
+def launch_configs() -> list[tuple[int, int]]:
+    """Every (TA_THREADS, TA_MIN_BLOCKS) :func:`tm_align_gpu` may launch: THREADS and MIN_BLOCKS, then
+    :data:`BUCKETS`' (each once; the prebuilt cubins are built for all of them)."""
+    out = [(THREADS, MIN_BLOCKS)]
+    for _length, threads, min_blocks in BUCKETS:
+        if (threads, min_blocks) not in out:
+            out.append((threads, min_blocks))
+    return out
 
 
 def block_config(l1: int, l2: int) -> tuple[int, int]:

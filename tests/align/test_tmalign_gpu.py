@@ -149,18 +149,20 @@ def test_a_thousand_residue_chain():
     np.testing.assert_array_equal(r.aligned[0], np.stack([np.arange(1000)] * 2, axis=1))
 
 
-@pytest.mark.parametrize(("threads", "min_blocks"), [(32, 8), (64, 4), (128, 2)])
+@pytest.mark.parametrize(("threads", "min_blocks"), [(32, 8), (64, 4), (128, 2), (256, 2)])
 def test_block_sizes_give_the_same_alignments(stored, monkeypatch, threads, min_blocks):
-    """Every TA_THREADS a sweep may pick (gpu.THREADS; a block of one warp runs the block's DP on that
-    warp alone): the stored pairs still equal TM-align's numbers, and random chains (odd lengths, one
-    past a multiple of the warp, 300 residues) give the 256-thread block's results bit for bit (every
-    reduction runs on one warp's 32 lanes whatever the block size)."""
+    """Every TA_THREADS a sweep may pick (gpu.THREADS for every pair, no length buckets; a block of one
+    warp runs the block's DP on that warp alone): the stored pairs still equal TM-align's numbers, and
+    random chains (odd lengths, one past a multiple of the warp, 300 residues) give the default launch's
+    results (its length buckets' block sizes) bit for bit (every reduction runs on a team of fixed size
+    whatever the block size)."""
     from protgpu.align import gpu
 
     paths, pairs = stored
     walks = [_walk(s, n) for s, n in ((31, 33), (32, 64), (33, 65), (34, 130), (35, 300), (36, 290))]
     wp = [(0, 1), (1, 2), (2, 3), (3, 2), (4, 5), (5, 4), (3, 4)]
     base = pg.tm_align(walks, walks, pairs=wp, device="gpu")
+    monkeypatch.setattr(gpu, "BUCKETS", ())
     monkeypatch.setattr(gpu, "THREADS", threads)
     monkeypatch.setattr(gpu, "MIN_BLOCKS", min_blocks)
     assert_same(pg.tm_align(walks, walks, pairs=wp, device="gpu"), base, tol=0.0)
@@ -187,14 +189,25 @@ def test_block_sizes_by_length(monkeypatch):
 
 def check_tmalign_for_sanitizer() -> None:
     """tests/sanitize_kernels.py section "tmalign": odd sizes (5 residues, not multiples of a warp),
-    one launch per pair (tiny budget) and one for all, each checked against the CPU path."""
+    one launch per pair (tiny budget) and one for all, each checked against the CPU path; every block
+    size a launch may take (gpu.launch_configs: these short pairs take the length bucket's, so each of the
+    others runs them with the buckets off)."""
     import os
+
+    from protgpu.align import gpu
 
     walks = [_walk(s, n) for s, n in ((11, 5), (12, 37), (13, 70), (14, 129))]
     pairs = [(0, 1), (1, 0), (2, 3), (3, 2), (1, 3)]
     with numpy_twin_only():
         cpu = pg.tm_align(walks, walks, pairs=pairs, device="cpu")
     assert_same(pg.tm_align(walks, walks, pairs=pairs, device="gpu"), cpu)
+    saved = gpu.BUCKETS, gpu.THREADS, gpu.MIN_BLOCKS
+    try:
+        for threads, min_blocks in gpu.launch_configs():
+            gpu.BUCKETS, gpu.THREADS, gpu.MIN_BLOCKS = (), threads, min_blocks
+            assert_same(pg.tm_align(walks, walks, pairs=pairs, device="gpu"), cpu)
+    finally:
+        gpu.BUCKETS, gpu.THREADS, gpu.MIN_BLOCKS = saved
     os.environ["PROTGPU_GPU_MEMORY_BUDGET"] = "1"
     try:
         assert_same(pg.tm_align(walks, walks, pairs=pairs, device="gpu"), cpu)

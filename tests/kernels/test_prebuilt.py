@@ -138,6 +138,13 @@ def test_default_configs_cover_every_kernel_and_the_defines_the_library_uses():
     assert {n for n, _d, _s in configs} == set(loader.kernel_files())
     assert ("contacts", {}, False) in configs  # the README's main job
     assert ("qcp", qcp_defines(), False) in configs
+    from protgpu.align import gpu as tmalign_gpu
+
+    # every block size a TM-align launch may take (its default and the length buckets')
+    assert [d for n, d, _s in configs if n == "tmalign"] == [
+        tmalign_gpu.defines(t, m) for t, m in tmalign_gpu.launch_configs()]
+    assert len(tmalign_gpu.launch_configs()) == 1 + len({(t, m) for _n, t, m in tmalign_gpu.BUCKETS} - {
+        (tmalign_gpu.THREADS, tmalign_gpu.MIN_BLOCKS)})
     for d in prebuilt.HEAD_DIMS:
         assert ("attention_flash", flash_config(d), False) in configs
         assert ("attention", {"HEAD_DIM": d}, False) in configs
