@@ -44,8 +44,9 @@ SEARCH_SLOTS = 2
 #: length; a pair takes the first row whose length is at least its longer chain's, pairs longer than
 #: every row take THREADS and MIN_BLOCKS (so an empty table means THREADS and MIN_BLOCKS for all).
 #: Pairs up to 600 residues run on 128 threads, four blocks an SM: twice the pairs at once, each on half
-#: the warps (their DPs' strips and searches' seeds leave 8 warps idle much of the time), measured faster on
-#: real chains up to 600 residues and slower beyond (``bench_align.py --block-sizes``; docs/design/tm-align.md).
+#: the warps (at these lengths an 8-warp block's DP strips and search seeds leave warps idle much of the
+#: time), measured faster on real chains up to 600 residues and slower beyond (``bench_align.py
+#: --block-sizes``; docs/design/tm-align.md).
 #: Every block size gives the same results bit for bit.
 BUCKETS: tuple = ((600, 128, 4),)
 

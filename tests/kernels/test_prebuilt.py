@@ -131,6 +131,7 @@ def test_build_writes_cubins_whose_keys_the_lookup_finds(pdir):
 
 
 def test_default_configs_cover_every_kernel_and_the_defines_the_library_uses():
+    from protgpu.align import gpu as tmalign_gpu
     from protgpu.attention.flash import flash_config
     from protgpu.superpose.kernels import qcp_defines
 
@@ -138,13 +139,10 @@ def test_default_configs_cover_every_kernel_and_the_defines_the_library_uses():
     assert {n for n, _d, _s in configs} == set(loader.kernel_files())
     assert ("contacts", {}, False) in configs  # the README's main job
     assert ("qcp", qcp_defines(), False) in configs
-    from protgpu.align import gpu as tmalign_gpu
-
-    # every block size a TM-align launch may take (its default and the length buckets')
-    assert [d for n, d, _s in configs if n == "tmalign"] == [
-        tmalign_gpu.defines(t, m) for t, m in tmalign_gpu.launch_configs()]
-    assert len(tmalign_gpu.launch_configs()) == 1 + len({(t, m) for _n, t, m in tmalign_gpu.BUCKETS} - {
-        (tmalign_gpu.THREADS, tmalign_gpu.MIN_BLOCKS)})
+    # every block size a TM-align launch may take (its default and each length bucket's), each once
+    tmalign = [d for n, d, _s in configs if n == "tmalign"]
+    assert tmalign_gpu.defines() in tmalign and len(tmalign) == len({tuple(sorted(d.items())) for d in tmalign})
+    assert all(tmalign_gpu.defines(t, m) in tmalign for _length, t, m in tmalign_gpu.BUCKETS)
     for d in prebuilt.HEAD_DIMS:
         assert ("attention_flash", flash_config(d), False) in configs
         assert ("attention", {"HEAD_DIM": d}, False) in configs
