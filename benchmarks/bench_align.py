@@ -348,6 +348,17 @@ def timed_search(query, db, device: str, top) -> dict:
             "top_tm_query": hits[0]["tm_query"] if hits else None, "rows": len(hits)}
 
 
+def synthetic_entries(pool, n: int, rng) -> list:
+    """Part b's database entries: the chains of ``pool`` cycled to ``n``, every coordinate perturbed by
+    N(0, 0.5 A) noise (stored as float32, as a .pgdb keeps them), named ``<chain>#<k>``."""
+    entries = []
+    for k in range(n):
+        c = pool[k % len(pool)]
+        ca = (c.ca + rng.normal(scale=0.5, size=c.ca.shape)).astype(np.float32).astype(np.float64)
+        entries.append(c._replace(ca=ca, name=f"{c.name}#{k}"))
+    return entries
+
+
 def part_search(args, gpu: bool) -> dict:
     import tempfile
 
@@ -363,11 +374,7 @@ def part_search(args, gpu: bool) -> dict:
     pool = scope + gt
     n = args.entries or (100_000 if gpu else 200)
     t0 = time.perf_counter()
-    entries = []
-    for k in range(n):
-        c = pool[k % len(pool)]
-        ca = (c.ca + rng.normal(scale=0.5, size=c.ca.shape)).astype(np.float32).astype(np.float64)
-        entries.append(c._replace(ca=ca, name=f"{c.name}#{k}"))
+    entries = synthetic_entries(pool, n, rng)
     t_make = time.perf_counter() - t0
     device = "gpu" if gpu else "cpu"
     with tempfile.TemporaryDirectory() as d:
@@ -699,12 +706,7 @@ def block_sizes(args) -> dict:
         cases.append(("all_vs_all", f"{lo}-{hi if hi is not None else max(len(c.ca) for c in chains)}",
                       [chains[i] for i in pairs[:, 0].tolist()], [chains[i] for i in pairs[:, 1].tolist()]))
     query = next(c for c in gt if 290 <= len(c.ca) <= 310)
-    pool = scope + gt
-    entries = []
-    for k in range(max(1, int(12_000 * args.quick_scale))):  # part b's entries
-        c = pool[k % len(pool)]
-        entries.append(c._replace(ca=(c.ca + rng.normal(scale=0.5, size=c.ca.shape)).astype(np.float32)
-                                  .astype(np.float64)))
+    entries = synthetic_entries(scope + gt, max(1, int(12_000 * args.quick_scale)), rng)
     for lo, hi in SEARCH_BANDS:
         band = [e for e in entries if lo <= len(e.ca) and (hi is None or len(e.ca) < hi)]
         if band:
