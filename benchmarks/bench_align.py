@@ -38,6 +38,8 @@ the results file keeps the parts of earlier runs, so the parts can be run in sep
     python3 benchmarks/bench_align.py --quick [--quick-scale S] [--threads T --min-blocks M] [--pieces K] [--json PATH]
     python3 benchmarks/bench_align.py --host-only [--quick-scale S] [--json PATH]
     python3 benchmarks/bench_align.py --block-sizes [--block-configs 256x2,128x4] [--quick-scale S] [--json PATH]
+    ncu --launch-skip 1 --launch-count 1 ... python3 benchmarks/bench_align.py --one-launch [--gpu-pairs P]
+        [--threads T --min-blocks M]
 
 ``--quick`` runs only the GPU kernel on synthetic chains of 100, 300 and 1,000 residues, with each
 stage's share of the SM cycles (``quick_throughput``; under a minute and a half on an H200), and writes
@@ -45,6 +47,9 @@ stage's share of the SM cycles (``quick_throughput``; under a minute and a half 
 plan, unpack) without a GPU (``host_throughput``) and writes ``results/align-host-<device>.json``.
 ``--block-sizes`` compares block sizes (``block_sizes``: real chains by length and the search's bands,
 interleaved) and writes ``results/align-blocks-<device>.json``: what ``gpu.BUCKETS`` is set from.
+``--one-launch`` writes nothing: it launches the kernel once to warm up, then once on ``--gpu-pairs``
+random pairs of the GTalign chains of 250-350 residues (one launch: ``gpu.PIECES = 1``), for a profiler
+to read the second launch (``ncu --launch-skip 1 --launch-count 1``; ``one_launch``).
 
 Writes ``results/align-<device>.json`` (merging the parts already there; ``--merge`` joins the parts of
 files written by separate runs, each part keeping its own machine and arguments).
@@ -752,6 +757,36 @@ def block_sizes(args) -> dict:
                     "equal to the first config's bit for bit"}
 
 
+def one_launch(args) -> None:
+    """``--one-launch``: a warm-up launch of 8 pairs, then one launch (``gpu.PIECES = 1``) of
+    ``--gpu-pairs`` random pairs of the corpus's GTalign chains of 250-350 residues (part a's ~300), on the
+    default block size or ``--threads`` x ``--min-blocks`` for every pair; prints the second launch's
+    seconds. Run it under a profiler that skips the first launch."""
+    import cupy as cp
+
+    from protgpu.align import gpu
+
+    if args.threads or args.min_blocks:
+        gpu.BUCKETS = ()
+        gpu.THREADS = args.threads or gpu.THREADS
+        gpu.MIN_BLOCKS = args.min_blocks or gpu.MIN_BLOCKS
+    gpu.PIECES = 1
+    rng = np.random.default_rng(SEED)
+    chains = [c for c in gtalign_chains(args.corpus) if 250 <= len(c.ca) <= 350]
+    pairs = random_pairs(len(chains), args.gpu_pairs, rng)
+    l2 = np.array([len(chains[j].ca) for j in pairs[:, 1].tolist()], dtype=np.float64)
+    ca, seqs = [c.ca for c in chains], [c.sequence for c in chains]
+    if int(gpu.workspace_bytes(350, 350, gpu.block_config(350, 350)[0] // 32)) * len(pairs) > gpu.WORKSPACE_BYTES:
+        raise SystemExit(f"--one-launch: {len(pairs)} pairs take more than one chunk's workspace")
+    gpu.tm_align_gpu(ca, ca, seqs, seqs, pairs[:8], l2[:8])
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    gpu.tm_align_gpu(ca, ca, seqs, seqs, pairs, l2)
+    cp.cuda.Device().synchronize()
+    print(f"one launch: {len(pairs)} pairs of {len(chains)} chains of 250-350 residues, "
+          f"{gpu.block_config(350, 350)} threads x blocks an SM, {time.perf_counter() - t0:.3f} s")
+
+
 HOST_SIZES = ((100, 4000), (300, 1000))
 
 
@@ -858,7 +893,12 @@ def main(argv=None) -> int:
                     help="--block-sizes: THREADSxMIN_BLOCKS to compare, the first is the ratios' base")
     ap.add_argument("--host-only", action="store_true",
                     help="only the GPU path's host work per pair (pack, plan, unpack) at 100 and 300 residues; no GPU")
+    ap.add_argument("--one-launch", action="store_true",
+                    help="only two kernel launches (a warm-up, then --gpu-pairs ~300-residue pairs), for a profiler")
     args = ap.parse_args(argv)
+    if args.one_launch:
+        one_launch(args)
+        return 0
     if args.host_only or args.quick or args.block_sizes:  # one table each, in its own results file
         name, run = (("align-host", host_throughput) if args.host_only else
                      ("align-blocks", block_sizes) if args.block_sizes else ("align-quick", quick_throughput))
