@@ -20,18 +20,6 @@
 #include "tmalign_search.cuh"
 #include "tmalign_pair.cuh"
 
-// _search._scores for one superposition: sum of 1 / (1 + d^2 / d0^2) (pairs beyond d8 add nothing
-// when d8 > 0), divided by norm.
-template <class Team>
-__device__ double ta_score(const Team& tm, const double* d2, int n, double d0sq, double d8, double norm) {
-    double s = 0.0;
-    const double d8sq = d8 * d8, inv_d0sq = TA_RCP(d0sq);
-    for (int p = tm.rank; p < n; p += tm.size)
-        if (!(d8 > 0.0) || d2[p] <= d8sq) s += TA_RCP(1.0 + TA_DIV_BY(d2[p], d0sq, inv_d0sq));
-    tm.sums(&s, 1);
-    return s / norm;
-}
-
 // ta_superpose by warp 0 (as ta_block_sums: the same bits for every block size), given to the block.
 template <class Get>
 __device__ double ta_block_superpose(TaPair& P, int count, Get get, double* R, double* t) {
@@ -94,7 +82,7 @@ __device__ TA_NOINLINE double ta_search(TaPair& P, const double* xa, const doubl
     double* d2 = P.d2w + (long long)slot * P.l2;
     unsigned char* cur = P.selw + 2LL * slot * P.l2;
     unsigned char* nxt = cur + P.l2;
-    const double d0sq = d0 * d0;
+    const double d0sq = d0 * d0, inv_d0sq = TA_RCP(d0sq);
     double wbest = -TA_INF, wr[12];
     int wseed = 0x7fffffff;
     ta_identity(wr, wr + 9);
@@ -126,18 +114,16 @@ __device__ TA_NOINLINE double ta_search(TaPair& P, const double* xa, const doubl
             }
             return true;
         }, Rs, ts);
-        for (int p = st.rank; p < m; p += st.size) d2[p] = ta_d2(Rs, ts, xs + 3 * p, ys + 3 * p);
-        ta_select(st, d2, m, first ? d0s - 1.0 : d0s + 1.0, first ? cur : nxt);
-        const double sc = ta_score(st, d2, m, d0sq, d8, norm);
+        // distances, selection (a seed's own fit: into cur; a refit: into nxt, against cur), score
+        int diff;
+        const double sc = ta_search_step(st, Rs, ts, xs, ys, m, first ? d0s - 1.0 : d0s + 1.0, d0sq, inv_d0sq, d8,
+                                         norm, d2, first ? cur : nxt, first ? nullptr : cur, diff);
         if (live && sc > wbest) {  // the team's first strict maximum
             wbest = sc;
             wseed = s;
             for (int k = 0; k < 9; ++k) wr[k] = Rs[k];
             for (int k = 0; k < 3; ++k) wr[9 + k] = ts[k];
         }
-        int diff = 0;
-        if (!first)
-            for (int p = st.rank; p < m; p += st.size) diff |= cur[p] != nxt[p];
         const bool moved = st.any(diff);  // (outside the branch: both halves take every vote)
         bool done = false;
         if (!first) {  // the kept set repeats: the seed is done

@@ -156,20 +156,15 @@ __device__ double ta_superpose(const Team& tm, int count, Get get, double* R, do
     return rmsd;
 }
 
-// tmscore._select: sel[p] = d < dcut, the cutoff relaxed by 0.5 A while fewer than 3 pairs pass (n > 3),
-// in closed form from the third smallest distance and settled against the loop's own test. Teams that
-// run in step (two half-warp seeds) both take the relaxation's reductions when either needs them.
+// tmscore._select's relaxation: given cnt, this lane's count of sel[p] = d < dcut (set by the caller), the
+// cutoff is relaxed by 0.5 A while fewer than 3 pairs pass (n > 3), in closed form from the third smallest
+// distance and settled against the loop's own test; sel is rewritten then. Returns whether it was. Teams
+// that run in step (two half-warp seeds) both take the relaxation's reductions when either needs them.
 template <class Team>
-__device__ void ta_select(const Team& tm, const double* d2, int n, double dcut, unsigned char* sel) {
-    const double c2 = dcut * dcut;
-    double cnt = 0.0;
-    for (int p = tm.rank; p < n; p += tm.size) {
-        sel[p] = d2[p] < c2;
-        cnt += sel[p];
-    }
+__device__ bool ta_select_relax(const Team& tm, const double* d2, int n, double dcut, unsigned char* sel, double cnt) {
     tm.sums(&cnt, 1);
     const bool relax = n > 3 && cnt < 3.0;
-    if (!tm.step_any(relax)) return;
+    if (!tm.step_any(relax)) return false;
     double m0 = TA_INF, m1 = TA_INF, m2 = TA_INF, nfin = 0.0;
     for (int p = tm.rank; p < (relax ? n : 0); p += tm.size) {
         const double v = d2[p];
@@ -179,10 +174,10 @@ __device__ void ta_select(const Team& tm, const double* d2, int n, double dcut, 
     }
     tm.sums(&nfin, 1);
     tm.min3(m0, m1, m2);
-    if (!relax) return;
+    if (!relax) return false;
     if (nfin < 3.0) {
         for (int p = tm.rank; p < n; p += tm.size) sel[p] = isfinite(d2[p]);
-        return;
+        return true;
     }
     const double third = m2;
     double inc = fmax(floor((sqrt(third) - dcut) / 0.5), 0.0) + 1.0;
@@ -195,6 +190,40 @@ __device__ void ta_select(const Team& tm, const double* d2, int n, double dcut, 
     const double dd = dcut + inc * 0.5;
     const double dd2 = dd * dd;
     for (int p = tm.rank; p < n; p += tm.size) sel[p] = d2[p] < dd2;
+    return true;
+}
+
+// One step of _search.tm_search after its fit (R, t), in one pass over the n centred pairs (xs, ys): the
+// squared distances into d2 (kept for the relaxation), the selection sel[p] = d < dcut (tmscore._select,
+// relaxed by ta_select_relax), the score (_search._scores: sum of 1 / (1 + d^2 / d0^2), pairs beyond d8
+// adding nothing when d8 > 0, over norm; inv_d0sq = TA_RCP(d0sq)) and, given the last selection prev
+// (or nullptr), whether the selection differs from it at some pair of this lane (changed). Each lane
+// takes its pairs in ascending order, as the separate passes did, so every sum has their bits. Out of line:
+// inlined into ta_search it spilled more and ran 1-5% slower (benchmarks/results/align-search-step-ab-h200.txt).
+template <class Team>
+__device__ TA_NOINLINE double ta_search_step(const Team& tm, const double* R, const double* t, const double* xs,
+                                             const double* ys, int n, double dcut, double d0sq, double inv_d0sq,
+                                             double d8, double norm, double* d2, unsigned char* sel,
+                                             const unsigned char* prev, int& changed) {
+    const double c2 = dcut * dcut, d8sq = d8 * d8;
+    double cnt = 0.0, s = 0.0;
+    int diff = 0;
+    for (int p = tm.rank; p < n; p += tm.size) {
+        const double v = ta_d2(R, t, xs + 3 * p, ys + 3 * p);
+        d2[p] = v;
+        const unsigned char k = v < c2;
+        sel[p] = k;
+        cnt += k;
+        if (!(d8 > 0.0) || v <= d8sq) s += TA_RCP(1.0 + TA_DIV_BY(v, d0sq, inv_d0sq));
+        if (prev) diff |= prev[p] != k;
+    }
+    if (ta_select_relax(tm, d2, n, dcut, sel, cnt) && prev) {  // relaxed: count the change again
+        diff = 0;
+        for (int p = tm.rank; p < n; p += tm.size) diff |= prev[p] != sel[p];
+    }
+    changed = diff;
+    tm.sums(&s, 1);
+    return s / norm;
 }
 
 // _search._relaxed_cut for one candidate: cut2 raised by 0.5 A^2 steps until 3 valid pairs have
