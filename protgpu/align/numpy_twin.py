@@ -284,9 +284,12 @@ class PairAlignment(NamedTuple):
     match: str
 
 
-def align_maps(x, y, sec_x: str, sec_y: str, p: SearchParameters) -> np.ndarray:
-    """TM-align's alignment of the pair: every initial alignment, each refined, the best kept."""
-    if _fast.enabled():  # the same stages as one compiled call (docs/design/cpu-speed.md)
+def align_maps(x, y, sec_x: str, sec_y: str, p: SearchParameters, *, skip: tuple = ()) -> np.ndarray:
+    """TM-align's alignment of the pair: every initial alignment, each refined, the best kept.
+
+    ``skip``: stages (1-5, in the order below) left out, with their refinement - not TM-align, an
+    experiment's knob (``benchmarks/align_shortcuts.py``: what leaving stages out costs in accuracy)."""
+    if _fast.enabled() and not skip:  # the same stages as one compiled call (docs/design/cpu-speed.md)
         return _fast.align_maps(x, y, sec_x, sec_y, p)
     tm_max, best = -1.0, np.full(len(y), -1, dtype=np.int64)
 
@@ -297,20 +300,22 @@ def align_maps(x, y, sec_x: str, sec_y: str, p: SearchParameters) -> np.ndarray:
 
     ddcc = 0.1 if p.l_norm <= 40 else 0.4
     # 1. gapless threading
-    y2x = initial_threading(x, y, p)
-    score, rot, trans = detailed_search(x, y, y2x, p)
-    keep(score, y2x)
-    score, y2x, rot, trans = refine(x, y, rot, trans, p)
-    keep(score, y2x)
-    # 2. secondary structure
-    y2x = initial_ss(sec_x, sec_y)
-    score, rot, trans = detailed_search(x, y, y2x, p)
-    keep(score, y2x)
-    if score > tm_max * 0.2:
+    if 1 not in skip:
+        y2x = initial_threading(x, y, p)
+        score, rot, trans = detailed_search(x, y, y2x, p)
+        keep(score, y2x)
         score, y2x, rot, trans = refine(x, y, rot, trans, p)
         keep(score, y2x)
+    # 2. secondary structure
+    if 2 not in skip:
+        y2x = initial_ss(sec_x, sec_y)
+        score, rot, trans = detailed_search(x, y, y2x, p)
+        keep(score, y2x)
+        if score > tm_max * 0.2:
+            score, y2x, rot, trans = refine(x, y, rot, trans, p)
+            keep(score, y2x)
     # 3. local fragment superposition
-    y2x = initial_local(x, y, p)
+    y2x = initial_local(x, y, p) if 3 not in skip else None
     if y2x is not None:
         score, rot, trans = detailed_search(x, y, y2x, p)
         keep(score, y2x)
@@ -318,19 +323,21 @@ def align_maps(x, y, sec_x: str, sec_y: str, p: SearchParameters) -> np.ndarray:
             score, y2x, rot, trans = refine(x, y, rot, trans, p, max_iter=2)
             keep(score, y2x)
     # 4. superposition of the best so far plus secondary structure
-    y2x = initial_ss_plus(x, y, sec_x, sec_y, best, p)
-    score, rot, trans = detailed_search(x, y, y2x, p)
-    keep(score, y2x)
-    if score > tm_max * ddcc:
-        score, y2x, rot, trans = refine(x, y, rot, trans, p)
+    if 4 not in skip:
+        y2x = initial_ss_plus(x, y, sec_x, sec_y, best, p)
+        score, rot, trans = detailed_search(x, y, y2x, p)
         keep(score, y2x)
+        if score > tm_max * ddcc:
+            score, y2x, rot, trans = refine(x, y, rot, trans, p)
+            keep(score, y2x)
     # 5. fragment gapless threading
-    y2x = initial_fragment_threading(x, y, p)
-    score, rot, trans = detailed_search(x, y, y2x, p)
-    keep(score, y2x)
-    if score > tm_max * ddcc:
-        score, y2x, rot, trans = refine(x, y, rot, trans, p, gaps=(0.0,), max_iter=2)
+    if 5 not in skip:
+        y2x = initial_fragment_threading(x, y, p)
+        score, rot, trans = detailed_search(x, y, y2x, p)
         keep(score, y2x)
+        if score > tm_max * ddcc:
+            score, y2x, rot, trans = refine(x, y, rot, trans, p, gaps=(0.0,), max_iter=2)
+            keep(score, y2x)
     return best
 
 
@@ -341,18 +348,19 @@ def final_search(xa, ya, length: float):
     return tm_search(xa, ya, d0=d0, d0_search=min(max(d0, 4.5), 8.0), norm=length, step=1)
 
 
-def tm_align_pair(x, y, seq_x: str, seq_y: str, *, l_norm: float | None = None) -> PairAlignment:
+def tm_align_pair(x, y, seq_x: str, seq_y: str, *, l_norm: float | None = None, skip: tuple = ()) -> PairAlignment:
     """TM-align one pair: mobile CA ``x`` (L1, 3) onto target CA ``y`` (L2, 3).
 
     ``l_norm``: an extra normalisation length for :attr:`PairAlignment.tm` (None: the target's, as
-    TM-align reports first); its superposition is the returned one.
+    TM-align reports first); its superposition is the returned one. ``skip``: :func:`align_maps`'
+    experiment's knob (empty: TM-align).
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     l1, l2 = len(x), len(y)
     p = search_parameters(l1, l2)
     with blas_threads(1):
-        y2x = align_maps(x, y, secondary_structure(x), secondary_structure(y), p)
+        y2x = align_maps(x, y, secondary_structure(x), secondary_structure(y), p, skip=skip)
         # final superposition of the alignment: a full search (every seed), scores over L_ali
         xa, ya, ia, ja = pairs_of(x, y, y2x)
         _, rot, trans = tm_search(xa, ya, d0=p.d0, d0_search=p.d0_search, norm=len(xa), step=1,

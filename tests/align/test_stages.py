@@ -101,3 +101,29 @@ def test_search_equals_the_tmscore_program_search_where_they_coincide(datasets):
     assert score == pytest.approx(ref["score"][0], abs=1e-12)
     np.testing.assert_allclose(rot, ref["rotation"][0], atol=1e-9)
     np.testing.assert_allclose(trans, ref["translation"][0], atol=1e-7)
+
+
+def test_align_maps_skip_leaves_stages_out(monkeypatch):
+    """numpy_twin.align_maps' experiment knob (benchmarks/bench_align_shortcuts.py): a skipped stage is not
+    run, and without skip the NumPy stages give the compiled path's alignment."""
+    from protgpu.align import numpy_twin
+    from protgpu.scoring import _fast as scoring_fast
+
+    rng = np.random.default_rng(3)
+    x = np.cumsum(rng.normal(scale=2.2, size=(45, 3)), axis=0)
+    y = x[3:40] @ np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]) + rng.normal(scale=0.3, size=(37, 3))
+    p = numpy_twin.search_parameters(len(x), len(y))
+    sx, sy = secondary_structure(x), secondary_structure(y)
+    full = numpy_twin.align_maps(x, y, sx, sy, p)
+    monkeypatch.setattr(scoring_fast, "ENABLED", False)
+    assert np.array_equal(numpy_twin.align_maps(x, y, sx, sy, p), full)
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a skipped stage ran")
+
+    monkeypatch.setattr(numpy_twin, "initial_local", refuse)
+    monkeypatch.setattr(numpy_twin, "initial_ss", refuse)
+    y2x = numpy_twin.align_maps(x, y, sx, sy, p, skip=(2, 3))
+    assert y2x.shape == (len(y),) and (y2x >= 0).sum() >= 5
+    with pytest.raises(AssertionError, match="skipped stage ran"):
+        numpy_twin.align_maps(x, y, sx, sy, p, skip=(2,))
