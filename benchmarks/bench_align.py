@@ -619,6 +619,17 @@ def host_seconds(gpu, chains, pairs, norms, seqs, res, repeats: int = 1) -> dict
     return best
 
 
+def force_block_size(gpu, args) -> None:
+    """``--threads`` / ``--min-blocks``: that block size (``gpu.THREADS``, ``gpu.MIN_BLOCKS``) for every pair,
+    without the length buckets; neither given: the defaults, buckets and all."""
+    if args.threads or args.min_blocks:
+        gpu.BUCKETS = ()
+    if args.threads:
+        gpu.THREADS = args.threads
+    if args.min_blocks:
+        gpu.MIN_BLOCKS = args.min_blocks
+
+
 def quick_throughput(args) -> dict:
     """``--quick``: the GPU kernel alone on synthetic random-walk chains of exactly 100, 300 and 1,000
     residues (48 chains per size, random pairs, seed 0; ``--quick-scale`` multiplies the pair counts):
@@ -634,12 +645,7 @@ def quick_throughput(args) -> dict:
     import protgpu as pg
     from protgpu.align import gpu
 
-    if args.threads or args.min_blocks:  # that block size for every pair: no length buckets
-        gpu.BUCKETS = ()
-    if args.threads:
-        gpu.THREADS = args.threads
-    if args.min_blocks:
-        gpu.MIN_BLOCKS = args.min_blocks
+    force_block_size(gpu, args)
     if args.pieces:
         gpu.PIECES = args.pieces
     rng = np.random.default_rng(SEED)
@@ -769,15 +775,13 @@ def one_launch(args) -> None:
 
     from protgpu.align import gpu
 
-    if args.threads or args.min_blocks:
-        gpu.BUCKETS = ()
-        gpu.THREADS = args.threads or gpu.THREADS
-        gpu.MIN_BLOCKS = args.min_blocks or gpu.MIN_BLOCKS
+    force_block_size(gpu, args)
     gpu.PIECES = 1
     rng = np.random.default_rng(SEED)
     chains = [c for c in gtalign_chains(args.corpus) if 250 <= len(c.ca) <= 350]
+    config = gpu.block_config(350, 350)
     # at most the pairs one chunk's workspace holds (WORKSPACE_BYTES), so that they are one launch
-    fit = gpu.WORKSPACE_BYTES // int(gpu.workspace_bytes(350, 350, gpu.block_config(350, 350)[0] // 32))
+    fit = gpu.WORKSPACE_BYTES // int(gpu.workspace_bytes(350, 350, config[0] // 32))
     pairs = random_pairs(len(chains), min(args.gpu_pairs, fit), rng)
     l2 = np.array([len(chains[j].ca) for j in pairs[:, 1].tolist()], dtype=np.float64)
     ca, seqs = [c.ca for c in chains], [c.sequence for c in chains]
@@ -790,7 +794,7 @@ def one_launch(args) -> None:
     # a digest of every TM-score's bits: two kernels that give the same alignments print the same one
     digest = hashlib.sha1(np.stack([res.tm_mobile, res.tm_target]).tobytes()).hexdigest()[:12]
     print(f"one launch: {len(pairs)} pairs of {len(chains)} chains of 250-350 residues, "
-          f"{gpu.block_config(350, 350)} threads x blocks an SM, {seconds:.3f} s, TM-scores {digest}")
+          f"{config} threads x blocks an SM, {seconds:.3f} s, TM-scores {digest}")
 
 
 HOST_SIZES = ((100, 4000), (300, 1000))
